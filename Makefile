@@ -1,0 +1,52 @@
+# make reproduce      every stage on the embedded CPU default + the paper's table and figures
+# make test           the test suite
+# make stage STAGE=03 CONFIG=embedded    rerun one stage (and whatever it needs)
+# make reproduce CONFIG=tiny             another params/<CONFIG>.yaml
+# Staleness is decided by replaylib.run from parameter hashes and code fingerprints,
+# so `make reproduce` twice runs nothing the second time.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+CONFIG ?= embedded
+STAGE  ?=
+PIP_FLAGS ?=
+
+.PHONY: reproduce paper test stage setup model notebooks lab verify clean
+
+reproduce: setup model
+	$(BIN)/python -m replaylib.run params/$(CONFIG).yaml
+	$(BIN)/python -m replaylib.run params/paper.yaml
+
+paper: setup
+	$(BIN)/python -m replaylib.run params/paper.yaml
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+stage: setup model
+	$(BIN)/python -m replaylib.run params/$(CONFIG).yaml $(STAGE)
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.lock pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(PIP_FLAGS) -r requirements.lock
+	$(BIN)/python -m pip install -q --no-deps -e .
+	touch $@
+
+model: setup
+	$(BIN)/python -m replaylib.models fetch
+
+notebooks: setup
+	$(BIN)/python tools/make_notebooks.py
+
+lab: setup
+	$(BIN)/python -m pip install -q jupyterlab==4.6.6
+	$(BIN)/jupyter lab notebooks/
+
+verify: setup
+	$(BIN)/python -m replaylib.report --verify runs/$(CONFIG)
+
+clean:
+	rm -rf runs figures/*/ tables

@@ -1,0 +1,453 @@
+"""The Hugging Face transformers engine (any device; the embedded default on CPU).
+
+- Trunks are decoded with the model's KV cache and the decode-time KV of every trunk is
+  kept, so a later pass can resume it at any token (no 16-token blocks).
+- Sampling noise is a function of (seed, absolute position): the uniform that picks a
+  token from the nucleus is hashed from both. A resumed trunk therefore regenerates
+  itself bit for bit, and every pass sees the same randomness.
+- Logprobs are the raw distribution (before temperature and top-p), as in the paper.
+- exact passes resume the saved state; refeed prefills the same token ids afresh.
+- Invariant mode runs every forward pass on one token of one sequence, so prefill and
+  decode compute each token identically: all passes must then agree bit for bit.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .engine import ARMS, PassSettings, PivotJob, PivotOutput, Trunk
+from .grading import answer_complete
+
+NUCLEUS_CANDIDATES = 128  # the nucleus is searched among the top tokens first (full sort as fallback)
+
+
+def position_uniform(seed: int, position: int) -> float:
+    """A uniform in [0, 1) that depends only on (seed, absolute position): splitmix64."""
+    x = (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) & (2**64 - 1)
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
+    x ^= x >> 31
+    return (x >> 11) / float(2**53)
+
+
+def choose_tokens(logits: torch.Tensor, temperature: list[float], top_p: list[float], uniforms: list[float]) -> list[int]:
+    """Greedy where temperature is 0, else inverse-CDF sampling of the top-p nucleus with the given uniforms."""
+    out = logits.argmax(dim=-1).tolist()
+    rows = [b for b, t in enumerate(temperature) if t > 0]
+    if not rows:
+        return out
+    idx = torch.tensor(rows)
+    temps = torch.tensor([temperature[b] for b in rows], dtype=torch.float32)[:, None]
+    probs = torch.softmax(logits[idx].float() / temps, dim=-1)
+    n_cand = min(NUCLEUS_CANDIDATES, probs.shape[-1])
+    cand_p, cand_i = probs.topk(n_cand, dim=-1)  # sorted, descending
+    for j, b in enumerate(rows):
+        p, ids = cand_p[j], cand_i[j]
+        if float(p.sum()) < top_p[b]:  # nucleus wider than the candidates: sort everything
+            p, ids = torch.sort(probs[j], descending=True, stable=True)
+        cum = torch.cumsum(p, dim=0)
+        keep = int(((cum - p) < top_p[b]).sum())
+        kept = cum[:keep]
+        pick = int(torch.searchsorted(kept, uniforms[b] * float(kept[-1]), right=True).clamp(max=keep - 1))
+        out[b] = int(ids[pick])
+    return out
+
+
+class _Fp32AccumulateLinear(torch.nn.Module):
+    """A bf16 linear computed as fp32 GEMM, output rounded to bf16.
+
+    Native bf16 GEMM on CPUs without bf16 instructions (AVX2) runs at a fifth of fp32
+    speed. Weights and activations stay bf16 values and accumulation is fp32, as in a
+    GPU's bf16 GEMM; only the summation order of the kernel differs.
+    """
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.weight32 = linear.weight.detach().float()
+        self.bias32 = None if linear.bias is None else linear.bias.detach().float()
+        self.out_dtype = linear.weight.dtype
+
+    def forward(self, x):
+        return F.linear(x.float(), self.weight32, self.bias32).to(self.out_dtype)
+
+
+def _cpu_has_native_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+@dataclass
+class _Rows:
+    """The per-row settings of one decode batch."""
+    seeds: list[int]
+    temperature: list[float]
+    top_p: list[float]
+    max_new: list[int]
+    topk: int = 0  # record raw top-k at every step
+    stop_at_answer: bool = False
+    prefix_text: list[str] | None = None  # for the answer check
+
+
+class HFEngine:
+    name = "hf"
+
+    def __init__(self, model_path: str, device: str = "cpu", dtype: str = "bfloat16",
+                 invariant: bool = False, max_batch_rows: int = 64):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("device: cuda was asked for, but this machine has no CUDA GPU; set device: cpu")
+        self.device, self.dtype_name = torch.device(device), dtype
+        self.invariant, self.max_batch_rows = invariant, max_batch_rows
+        self.tok = AutoTokenizer.from_pretrained(model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype),
+                                                          attn_implementation="sdpa").to(self.device).eval()
+        self.linear_kernel = "native"
+        if self.device.type == "cpu" and dtype == "bfloat16" and not _cpu_has_native_bf16():
+            self._swap_linears()
+            self.linear_kernel = "fp32-accumulate"
+        eos = self.model.generation_config.eos_token_id
+        eos = eos if isinstance(eos, list) else [eos]
+        self.stop_ids = {i for i in [*eos, self.tok.eos_token_id] if i is not None}
+        self.special_ids = set(self.tok.all_special_ids) | self.stop_ids
+        self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else min(self.stop_ids)
+        self.model_path = str(model_path)
+
+    @classmethod
+    def from_params(cls, params, invariant: bool = False) -> "HFEngine":
+        from .models import resolve_model
+        torch.set_num_threads(torch.get_num_threads())
+        return cls(resolve_model(params.model), params.device, params.dtype, invariant, params.max_batch_rows)
+
+    def describe(self) -> dict:
+        return {"engine": "hf", "model": self.model_path, "device": str(self.device), "dtype": self.dtype_name,
+                "linear_kernel": self.linear_kernel, "invariant": self.invariant,
+                "attention": self.model.config._attn_implementation}
+
+    def _swap_linears(self):
+        for name, module in list(self.model.named_modules()):
+            for child_name, child in list(module.named_children()):
+                if isinstance(child, torch.nn.Linear):
+                    setattr(module, child_name, _Fp32AccumulateLinear(child))
+
+    # ---------------------------------------------------------------- text
+    def prompt_ids(self, question: str, instruction: str) -> list[int]:
+        ids = self.tok.apply_chat_template([{"role": "user", "content": question + instruction}],
+                                           add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+    # ---------------------------------------------------------------- model calls
+    @torch.inference_mode()
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor | None):
+        out = self.model(input_ids=ids.to(self.device), position_ids=positions.to(self.device),
+                         attention_mask=None if mask is None else mask.to(self.device),
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1].float(), out.past_key_values
+
+    def _new_cache(self, keys=None, values=None):
+        """A DynamicCache, optionally filled with per-layer tensors [B, H, L, D]."""
+        from transformers import DynamicCache
+        cache = DynamicCache(config=self.model.config)
+        if keys is not None:
+            for layer, (k, v) in enumerate(zip(keys, values)):
+                cache.update(k.to(self.device), v.to(self.device), layer)
+        return cache
+
+    def _prefill(self, seqs: list[list[int]]):
+        """Prefill sequences, left-padded to one length; returns (last logits, cache, mask, pads)."""
+        length = max(len(s) for s in seqs)
+        pads = [length - len(s) for s in seqs]
+        ids = torch.tensor([[self.pad_id] * p + s for p, s in zip(pads, seqs)])
+        mask = torch.tensor([[0] * p + [1] * len(s) for p, s in zip(pads, seqs)])
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        if self.invariant:  # one token of one sequence per forward pass
+            assert len(seqs) == 1, "invariant mode runs one sequence at a time"
+            cache, logits = self._new_cache(), None
+            for t in range(length):
+                logits, cache = self._forward(ids[:, t:t + 1], positions[:, t:t + 1], cache, None)
+            return logits, cache, None, pads
+        logits, cache = self._forward(ids, positions, self._new_cache(), mask if any(pads) else None)
+        return logits, cache, (mask if any(pads) else None), pads
+
+    # ---------------------------------------------------------------- the decode loop
+    def _decode(self, logits, cache, mask, next_pos: list[int], rows: _Rows, keep_state: bool = False):
+        """Sample or greedily decode every row until EOS, a complete answer, or its limit.
+
+        `logits` predict the token at absolute position next_pos[b]. Finished rows leave
+        the batch. Returns per row: tokens, raw top-k (ids, logprobs) per step, finish
+        reason, and with keep_state each row's final KV (keys, values: [layers, H, L, D],
+        still left-padded).
+        """
+        n = len(next_pos)
+        assert not self.invariant or n == 1, "invariant mode decodes one sequence at a time"
+        tokens = [[] for _ in range(n)]
+        top_ids, top_lps = [[] for _ in range(n)], [[] for _ in range(n)]
+        texts = list(rows.prefix_text) if rows.prefix_text else None
+        starts = [len(t) for t in texts] if texts else None
+        finish = ["length"] * n
+        states = {}
+        active = list(range(n))
+        pos = list(next_pos)
+        while active:
+            if rows.topk:
+                lp, ix = torch.log_softmax(logits, dim=-1).topk(rows.topk, dim=-1)
+            chosen = choose_tokens(logits, [rows.temperature[b] for b in active], [rows.top_p[b] for b in active],
+                                   [position_uniform(rows.seeds[b], pos[b]) if rows.temperature[b] > 0 else 0.0
+                                    for b in active])
+            keep = []
+            for j, b in enumerate(active):
+                t = chosen[j]
+                tokens[b].append(t)
+                if rows.topk:
+                    top_ids[b].append(ix[j].tolist())
+                    top_lps[b].append(lp[j].tolist())
+                done = None
+                if t in self.stop_ids:
+                    done = "eos"
+                elif rows.stop_at_answer and texts is not None:
+                    texts[b] += self.tok.decode([t])
+                    if answer_complete(texts[b], starts[b]):
+                        done = "answer"
+                if done is None and len(tokens[b]) >= rows.max_new[b]:
+                    done = "length"
+                if done:
+                    finish[b] = done
+                    if keep_state:
+                        states[b] = _row_state(cache, j)
+                else:
+                    keep.append(j)
+            if not keep:
+                break
+            if len(keep) < len(active):
+                sel = torch.tensor(keep)
+                cache.batch_select_indices(sel.to(self.device))
+                mask = None if mask is None else mask[sel]
+            active = [active[j] for j in keep]
+            feed = torch.tensor([[tokens[b][-1]] for b in active])
+            positions = torch.tensor([[pos[b]] for b in active])
+            for b in active:
+                pos[b] += 1
+            if mask is not None:
+                mask = torch.cat([mask, torch.ones(len(active), 1, dtype=mask.dtype)], dim=1)
+            logits, cache = self._forward(feed, positions, cache, mask)
+        return tokens, top_ids, top_lps, finish, states
+
+    # ---------------------------------------------------------------- trunks
+    def sample_trunks(self, prompts: dict[int, list[int]], n_rollouts: int, seeds: dict, temperature: float,
+                      top_p: float, max_new_tokens: int, top_logprobs: int, stop_at_answer: bool = False):
+        """Trunks for several problems; returns (trunks by problem, decode-time KV state by problem).
+
+        seeds[(problem_id, rollout)] is each trunk's sampling seed. The state maps
+        problem_id -> rollout -> (keys, values), each [layers, kv_heads, length, head_dim],
+        holding the KV the model had while decoding (prompt + every fed generated token).
+        """
+        jobs = [(pid, r) for pid in prompts for r in range(n_rollouts)]
+        trunks, state = {pid: [] for pid in prompts}, {pid: {} for pid in prompts}
+        step = 1 if self.invariant else max(1, self.max_batch_rows)
+        for start in range(0, len(jobs), step):
+            chunk = jobs[start:start + step]
+            seqs = [prompts[pid] for pid, _ in chunk]
+            logits, cache, mask, pads = self._prefill(seqs)
+            rows = _Rows(seeds=[seeds[j] for j in chunk], temperature=[temperature] * len(chunk),
+                         top_p=[top_p] * len(chunk), max_new=[max_new_tokens] * len(chunk), topk=top_logprobs,
+                         stop_at_answer=stop_at_answer, prefix_text=[""] * len(chunk) if stop_at_answer else None)
+            tokens, top_ids, top_lps, finish, states = self._decode(logits, cache, mask, [len(s) for s in seqs],
+                                                                    rows, keep_state=True)
+            for b, (pid, r) in enumerate(chunk):
+                trunks[pid].append(Trunk(pid, r, seeds[(pid, r)], prompts[pid], tokens[b], top_ids[b], top_lps[b],
+                                         finish[b]))
+                fed = len(prompts[pid]) + len(tokens[b]) - 1  # the last token is never fed back
+                k, v = states[b]
+                state[pid][r] = (k[:, :, pads[b]:pads[b] + fed].clone(), v[:, :, pads[b]:pads[b] + fed].clone())
+        return trunks, state
+
+    # ---------------------------------------------------------------- passes
+    def problem_state(self, sampling_dir: Path, problem_id: int, trunks) -> tuple[dict, dict]:
+        """The decode-time KV the sampling stage saved for one problem, and per rollout whether the
+        loaded bits are the saved ones and cover the trunk."""
+        path = Path(sampling_dir) / "state" / f"problem_{problem_id:05d}.safetensors"
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no saved decode-time state for problem {problem_id}; "
+                                    f"rerun the sampling stage with engine: hf")
+        state, verified = load_state(path)
+        for t in trunks[trunks.problem_id == problem_id].itertuples(index=False):
+            length = len(t.prompt_ids) + len(t.gen_ids) - 1
+            if t.rollout not in state or state[t.rollout][0].shape[2] != length:
+                verified[t.rollout] = False
+        return {r: (k.to(self.device), v.to(self.device)) for r, (k, v) in state.items()}, verified
+
+    def run_pass(self, jobs: list[PivotJob], pass_name: str, settings: PassSettings, state: dict | None,
+                 tok_text=None) -> list[PivotOutput]:
+        """One pass over pivot jobs. exact*: resume `state` (rollout -> (keys, values)); refeed: prefill."""
+        exact = pass_name.startswith("exact")
+        if exact and state is None:
+            raise ValueError(f"pass {pass_name}: the decode-time state of the trunks is needed")
+        rows_per_job = 2 * (settings.k + 1)
+        per_chunk = 1 if self.invariant else max(1, self.max_batch_rows // rows_per_job)
+        outputs = []
+        for start in range(0, len(jobs), per_chunk):
+            outputs += self._run_chunk(jobs[start:start + per_chunk], exact, settings, state)
+        return outputs
+
+    def _row_layout(self, job: PivotJob, settings: PassSettings):
+        """Rows of one pivot: for each arm, K sampled continuations then the greedy probe."""
+        layout = []
+        for arm in ARMS:
+            layout += [(arm, k) for k in range(settings.k)] + [(arm, "probe")]
+        return layout
+
+    def _run_chunk(self, jobs, exact, settings, state):
+        layouts = [self._row_layout(j, settings) for j in jobs]
+        if self.invariant:  # every row alone; an arm's re-fed prefix is prefilled once and copied
+            results = []
+            for job, layout in zip(jobs, layouts):
+                memo = {}
+                per_row = [self._run_rows([job], [[row]], exact, settings, state, memo) for row in layout]
+                merged = {key: sum((r[key] for r in per_row), []) for key in ("tokens", "first_lp", "first_topk")}
+                results.append(self._collect(job, layout, merged, settings))
+            return results
+        out = self._run_rows(jobs, layouts, exact, settings, state)
+        results, offset = [], 0
+        for job, layout in zip(jobs, layouts):
+            part = {key: out[key][offset:offset + len(layout)] for key in ("tokens", "first_lp", "first_topk")}
+            results.append(self._collect(job, layout, part, settings))
+            offset += len(layout)
+        return results
+
+    def _run_rows(self, jobs, layouts, exact, settings, state, memo=None):
+        """Build the resumed or re-fed state for the rows of these jobs and decode them."""
+        row_job, row_arm, row_kind = [], [], []
+        for j, layout in enumerate(layouts):
+            for arm, kind in layout:
+                row_job.append(j), row_arm.append(arm), row_kind.append(kind)
+        keys, values, lens, first_logits = [], [], [], []
+        if exact:
+            for j, arm in zip(row_job, row_arm):
+                job = jobs[j]
+                k, v = state[job.rollout]
+                length = job.abs_pos
+                keys.append(k[:, :, :length])
+                values.append(v[:, :, :length])
+                lens.append(length)
+        else:
+            by_job = {}
+            for j in sorted(set(row_job)):
+                job = jobs[j]
+                arms = [a for a in ARMS if a in {row_arm[i] for i in range(len(row_job)) if row_job[i] == j}]
+                if memo is not None and all((job.pivot_id, a) in memo for a in arms):
+                    by_job[j] = {a: memo[(job.pivot_id, a)] for a in arms}
+                    continue
+                # both arms share a length, so they prefill together without padding
+                logits, cache, _, _ = self._prefill([job.prefix_ids(a) for a in arms])
+                by_job[j] = {a: (logits[i], [layer.keys[i] for layer in cache.layers],
+                                 [layer.values[i] for layer in cache.layers]) for i, a in enumerate(arms)}
+                if memo is not None:
+                    memo.update({(job.pivot_id, a): by_job[j][a] for a in arms})
+            for j, arm in zip(row_job, row_arm):
+                lg, k, v = by_job[j][arm]
+                first_logits.append(lg)
+                keys.append(torch.stack(k))
+                values.append(torch.stack(v))
+                lens.append(jobs[j].abs_pos + 1)
+        # left-pad every row's state to one length
+        width = max(lens)
+        pads = [width - n for n in lens]
+        layers = keys[0].shape[0]
+        pad_kv = lambda t, p: F.pad(t, (0, 0, p, 0)) if p else t
+        cache_k = [torch.stack([pad_kv(keys[r][layer], pads[r]) for r in range(len(lens))]) for layer in range(layers)]
+        cache_v = [torch.stack([pad_kv(values[r][layer], pads[r]) for r in range(len(lens))]) for layer in range(layers)]
+        cache = self._new_cache(cache_k, cache_v)
+        mask = torch.tensor([[0] * p + [1] * n for p, n in zip(pads, lens)]) if any(pads) else None
+        if exact:  # feed the forced token at the pivot as a decode step on the saved state
+            feed = torch.tensor([[jobs[j].forced[a]] for j, a in zip(row_job, row_arm)])
+            positions = torch.tensor([[jobs[j].abs_pos] for j in row_job])
+            if mask is not None:
+                mask = torch.cat([mask, torch.ones(len(lens), 1, dtype=mask.dtype)], dim=1)
+            logits, cache = self._forward(feed, positions, cache, mask)
+        else:
+            logits = torch.stack(first_logits)
+        greedy = [kind == "probe" for kind in row_kind]
+        seeds = [0 if g else jobs[j].seeds[a][kind] for j, a, kind, g in zip(row_job, row_arm, row_kind, greedy)]
+        texts = None
+        if settings.stop_at_answer:
+            texts = [self.decode(jobs[j].gen_prefix + [jobs[j].forced[a]]) for j, a in zip(row_job, row_arm)]
+        rows = _Rows(seeds=seeds, temperature=[0.0 if g else settings.temperature for g in greedy],
+                     top_p=[1.0 if g else settings.top_p for g in greedy],
+                     max_new=[settings.probe_tokens if g else settings.max_tokens for g in greedy],
+                     topk=5, stop_at_answer=settings.stop_at_answer, prefix_text=texts)
+        # probes never stop at the answer: they are a fixed-length logprob channel
+        first_lp = torch.log_softmax(logits, dim=-1)
+        first_topk = first_lp.topk(5, dim=-1)
+        tokens, _, _, _, _ = self._decode(logits, cache, mask, [jobs[j].abs_pos + 1 for j in row_job], rows)
+        return {"tokens": tokens,
+                "first_lp": [first_lp[r] for r in range(len(row_job))],
+                "first_topk": [(first_topk.indices[r].tolist(), first_topk.values[r].tolist())
+                               for r in range(len(row_job))]}
+
+    def _collect(self, job: PivotJob, layout, part, settings) -> PivotOutput:
+        conts, probe_ids, probe_lp = {a: [] for a in ARMS}, {}, {}
+        resume = {}
+        for (arm, kind), tokens, first_lp, first_topk in zip(layout, part["tokens"], part["first_lp"],
+                                                            part["first_topk"]):
+            if kind == "probe":
+                probe_ids[arm] = tokens[:settings.probe_tokens]
+                probe_lp[arm] = float(first_lp[tokens[0]])
+                if arm == "actual" and job.trunk_next is not None:
+                    # does the first post-pivot step reproduce the trunk's own raw top-k bit for bit?
+                    resume["first_step_exact"] = (first_topk[0] == list(job.trunk_next[0])
+                                                  and first_topk[1] == list(job.trunk_next[1]))
+            else:
+                conts[arm].append(tokens)
+        return PivotOutput(job.pivot_id, conts, probe_ids, probe_lp, resume)
+
+
+def _row_state(cache, slot: int):
+    """One batch row's KV as [layers, kv_heads, length, head_dim] tensors."""
+    return (torch.stack([layer.keys[slot] for layer in cache.layers]),
+            torch.stack([layer.values[slot] for layer in cache.layers]))
+
+
+def state_digest(keys: torch.Tensor, values: torch.Tensor) -> str:
+    """sha256 of a rollout's decode-time KV, to check that what was loaded is what was saved."""
+    h = hashlib.sha256()
+    for t in (keys, values):
+        h.update(t.contiguous().view(torch.uint8).numpy().tobytes() if t.dtype != torch.bfloat16
+                 else t.contiguous().view(torch.int16).numpy().tobytes())
+    return h.hexdigest()
+
+
+def save_state(problem_state: dict, path: Path) -> dict:
+    """Write one problem's decode-time KV (rollout -> (keys, values)) to safetensors, with digests."""
+    from safetensors.torch import save_file
+    from .rundir import atomic_save
+    tensors, digests = {}, {}
+    for r, (k, v) in sorted(problem_state.items()):
+        tensors[f"r{r}.keys"], tensors[f"r{r}.values"] = k.contiguous().cpu(), v.contiguous().cpu()
+        digests[f"digest.r{r}"] = state_digest(k.cpu(), v.cpu())
+    atomic_save(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata=digests))
+    return digests
+
+
+def load_state(path: Path) -> tuple[dict, dict]:
+    """Read a problem's saved KV; returns (rollout -> (keys, values), rollout -> loaded bits match saved)."""
+    from safetensors import safe_open
+    state, verified = {}, {}
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        rollouts = sorted({int(name[1:].split(".")[0]) for name in f.keys()})
+        for r in rollouts:
+            k, v = f.get_tensor(f"r{r}.keys"), f.get_tensor(f"r{r}.values")
+            state[r] = (k, v)
+            verified[r] = meta.get(f"digest.r{r}") == state_digest(k, v)
+    return state, verified

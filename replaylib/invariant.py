@@ -1,0 +1,86 @@
+"""Stage 5: batch-invariant confirmation (PROTOCOL.md section 3.5).
+
+Sampling and the three passes rerun with the engine in an invariant mode, in which
+prefill and decode compute each token identically (transformers engine: every forward
+pass is one token of one sequence; vLLM: VLLM_BATCH_INVARIANT=1 with an invariant
+attention backend). Prediction, met exactly in the paper: all passes agree on every
+channel (estimates, probe tokens, probe logprobs). The stage writes its records and
+report, then fails if any pivot disagrees.
+"""
+from __future__ import annotations
+
+import logging
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from . import pivots as pivot_stage
+from . import sampling
+from .data import load_problems
+from .engine import make_engine, trunk_seed
+from .grading import grade
+from .params import Params
+from .replay import build_jobs, replay_problem
+from .rundir import StageDir, atomic_save, atomic_write_json
+
+log = logging.getLogger("replaylib")
+STAGE = "05_batch_invariant"
+
+
+def agreement(records: pd.DataFrame, passes: list[str]) -> dict:
+    """Per channel, how many pivots agree with exact1 in every other pass."""
+    others = [p for p in passes if p != "exact1"]
+    n = len(records)
+    same_a = sum(all(r[f"A_{p}"] == r["A_exact1"] for p in others) for _, r in records.iterrows())
+    same_probe = sum(not any(r[f"greedy_divergence_{p}"] for p in others) for _, r in records.iterrows())
+    same_lp = sum(all(r[f"greedy_first_logprob_delta_{p}"] == 0 for p in others) for _, r in records.iterrows())
+    same_cont = sum(all(r[f"cont_diff_{p}"] == 0 for p in others) for _, r in records.iterrows())
+    return {"pivots": n, "estimates_identical": same_a, "probe_tokens_identical": same_probe,
+            "probe_logprobs_bit_exact": same_lp, "continuations_identical": same_cont,
+            "all_identical": bool(n and same_a == same_probe == same_lp == same_cont == n)}
+
+
+def run(params: Params, out_dir=None) -> dict:
+    stage = StageDir(params, STAGE, out_dir).begin()
+    _, _, problem_info = sampling.load(params, out_dir)
+    chosen = problem_info["kept"][:params.invariant_problems]
+    problems = {p.problem_id: p for p in load_problems(params.task)}
+    engine = make_engine(params, invariant=True)
+    log.info("config %s, stage %s, engine %s", params.config, STAGE, engine.describe())
+    prompts = {pid: engine.prompt_ids(problems[pid].question, params.instruction) for pid in chosen}
+    seeds = {(pid, r): trunk_seed(pid, r) for pid in chosen for r in range(params.invariant_rollouts)}
+    trunks, state = engine.sample_trunks(prompts, params.invariant_rollouts, seeds, params.temperature,
+                                         params.top_p, params.max_trunk_tokens, params.top_logprobs)
+    rows = [{"problem_id": t.problem_id, "rollout": t.rollout, "prompt_ids": t.prompt_ids, "gen_ids": t.gen_ids,
+             "topk_ids": t.topk_ids, "topk_logprobs": t.topk_logprobs,
+             "correct": grade(engine.decode(t.gen_ids), problems[pid].gold, params.task)}
+            for pid in chosen for t in trunks[pid]]
+    trunks_df = pd.DataFrame(rows)
+    pivots = pivot_stage.mine(trunks_df, params, engine.special_ids)
+    pivots = pivots.groupby("problem_id").head(params.invariant_pivots).reset_index(drop=True)
+    records = []
+    for pid in tqdm(chosen, desc="problems (invariant)"):
+        group = pivots[pivots.problem_id == pid]
+        if group.empty:
+            continue
+        jobs = build_jobs(group, trunks_df[trunks_df.problem_id == pid], params.k)
+        verified = {r: True for r in state[pid]}  # in memory: the state is the decode-time one
+        records += replay_problem(engine, jobs, group, state[pid], verified, problems[pid].gold, params,
+                                  max_tokens=params.invariant_max_cont_tokens)
+    records = pd.DataFrame(records)
+    records["config"] = f"{params.config} (invariant)"
+    report = {"engine": engine.describe(), **(agreement(records, params.passes) if len(records) else
+                                              {"pivots": 0, "all_identical": False})}
+    atomic_save(stage.file("records.parquet"), lambda tmp: records.to_parquet(tmp, index=False))
+    atomic_write_json(stage.file("invariant.json"), report)
+    if not report["all_identical"]:
+        raise AssertionError(f"{STAGE}: passes disagree in invariant mode ({report}); see "
+                             f"{stage.file('records.parquet')}")
+    stage.finish(["records.parquet", "invariant.json"], {"report": report})
+    return report
+
+
+def load(params: Params, out_dir=None) -> pd.DataFrame:
+    from .records import load_records
+    return load_records(StageDir(params, STAGE, out_dir).path / "records.parquet")
+

@@ -1,0 +1,185 @@
+"""Parameters: one typed schema, YAML files under params/, validation, per-stage hashes.
+
+Every parameter belongs to the stage that first uses it. A stage's key is a hash of its
+own parameters and its upstream stages' keys, so a change reruns exactly the stages it
+invalidates. Defaults are the embedded CPU configuration (params/embedded.yaml).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+STAGES = ["01_sampling", "02_pivot_mining", "03_three_pass_replay", "04_statistics", "05_batch_invariant"]
+UPSTREAM = {
+    "01_sampling": [],
+    "02_pivot_mining": ["01_sampling"],
+    "03_three_pass_replay": ["01_sampling", "02_pivot_mining"],
+    "04_statistics": ["03_three_pass_replay"],
+    "05_batch_invariant": ["01_sampling", "02_pivot_mining", "03_three_pass_replay"],
+}
+# stages whose files a stage reads (05 reruns the passes itself; 04 on published records reads none)
+DATA_UPSTREAM = {
+    "01_sampling": [],
+    "02_pivot_mining": ["01_sampling"],
+    "03_three_pass_replay": ["01_sampling", "02_pivot_mining"],
+    "04_statistics": ["03_three_pass_replay"],
+    "05_batch_invariant": ["01_sampling"],
+}
+BOXED_INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+PAPER_INSTRUCTION = ("\n\nReason step by step. End your response with one final line in exactly this "
+                     "format:\nAnswer: <number>")
+CHOICES = {
+    "task": ["gsm8k", "math500"],
+    "engine": ["hf", "vllm"],
+    "device": ["cpu", "cuda", "auto"],
+    "dtype": ["bfloat16", "float32", "float16"],
+    "records": ["run", "published"],
+}
+
+
+def _p(stage: str, default, doc: str):
+    return field(default=default, metadata={"stage": stage, "doc": doc})
+
+
+def _l(stage: str, default: list, doc: str):
+    return field(default_factory=lambda: list(default), metadata={"stage": stage, "doc": doc})
+
+
+@dataclass
+class Params:
+    # --- 01 sampling: model, engine, task, trunks
+    config: str = _p("run", "embedded", "run name: outputs go to runs/<config>/, figures/<config>/, tables/<config>/")
+    task: str = _p("01_sampling", "gsm8k", "task family: gsm8k or math500")
+    model: str = _p("01_sampling", "embedded:qwen2.5-coder-0.5b-instruct",
+                    "embedded:NAME, tiny[:SEED], a local model directory, or a hub id (GPU users)")
+    engine: str = _p("01_sampling", "hf", "hf (transformers, any device) or vllm (GPU)")
+    device: str = _p("01_sampling", "cpu", "cpu, cuda or auto")
+    dtype: str = _p("01_sampling", "bfloat16", "model dtype (the paper ran bfloat16)")
+    instruction: str = _p("01_sampling", BOXED_INSTRUCTION, "appended to the question in the user turn")
+    problem_start: int = _p("01_sampling", 0, "first problem index scanned")
+    n_problems: int = _p("01_sampling", 3, "problems kept")
+    screen_mixed: bool = _p("01_sampling", True, "keep a problem only if its trunk accuracy is neither 0 nor 1")
+    scan_limit: int = _p("01_sampling", 8, "give up screening after this many problems scanned")
+    n_rollouts: int = _p("01_sampling", 4, "trunks per problem")
+    temperature: float = _p("01_sampling", 0.7, "trunk sampling temperature")
+    top_p: float = _p("01_sampling", 0.95, "trunk nucleus sampling")
+    max_trunk_tokens: int = _p("01_sampling", 320, "trunk length limit")
+    top_logprobs: int = _p("01_sampling", 5, "raw top-k logprobs kept per generated token")
+    max_batch_rows: int = _p("01_sampling", 64, "largest batch the transformers engine runs at once")
+    # --- 02 pivot mining
+    margin_threshold: float = _p("02_pivot_mining", 1.0, "pivot if top1 - top2 logprob < this")
+    block_size: int = _p("02_pivot_mining", 1, "1: any token (exact resume anywhere); 16: the paper's paged-cache filter")
+    boundary_slack: int = _p("02_pivot_mining", 2, "with block_size above 1, abs_pos mod block_size must be at most this")
+    max_pivots_per_rollout: int = _p("02_pivot_mining", 2, "earliest pivots first")
+    min_rollout_tokens: int = _p("02_pivot_mining", 16, "rollouts shorter than this are skipped")
+    # --- 03 three-pass replay
+    k: int = _p("03_three_pass_replay", 4, "sampled continuations per arm")
+    cont_temperature: float = _p("03_three_pass_replay", 0.7, "continuation temperature (0 for greedy)")
+    cont_top_p: float = _p("03_three_pass_replay", 0.95, "continuation nucleus sampling")
+    max_cont_tokens: int = _p("03_three_pass_replay", 128, "continuation length limit")
+    probe_tokens: int = _p("03_three_pass_replay", 32, "greedy probe length")
+    stop_at_answer: bool = _p("03_three_pass_replay", True, "stop a continuation once its final answer is complete")
+    passes: list = _l("03_three_pass_replay", ["exact1", "exact2", "refeed"], "passes, in order")
+    # --- 04 statistics
+    records: str = _p("04_statistics", "run", "run: this run's records; published: the paper's seven runs")
+    bootstrap_draws: int = _p("04_statistics", 2000, "bootstrap resamples of problems for the CIs")
+    # --- 05 batch-invariant confirmation
+    invariant_problems: int = _p("05_batch_invariant", 1, "problems (the first sampled ones) rerun in invariant mode")
+    invariant_rollouts: int = _p("05_batch_invariant", 2, "trunks per problem in invariant mode")
+    invariant_pivots: int = _p("05_batch_invariant", 2, "pivots per problem (earliest) replayed in invariant mode")
+    invariant_max_cont_tokens: int = _p("05_batch_invariant", 32, "continuation limit in invariant mode")
+
+    # ------------------------------------------------------------------
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def stage_of(cls, name: str) -> str:
+        return {f.name: f.metadata["stage"] for f in dataclasses.fields(cls)}[name]
+
+    def data_upstream(self, stage: str) -> list[str]:
+        if stage == "04_statistics" and self.records == "published":
+            return []
+        return DATA_UPSTREAM[stage]
+
+    @classmethod
+    def keys_for(cls, stage: str) -> list[str]:
+        """Parameters a stage depends on: its own and all its upstream stages'."""
+        wanted, todo = set(), [stage]
+        while todo:
+            s = todo.pop()
+            wanted.add(s)
+            todo += UPSTREAM[s]
+        return [f.name for f in dataclasses.fields(cls) if f.metadata["stage"] in wanted]
+
+    def stage_params(self, stage: str) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata["stage"] == stage}
+
+    def stage_key(self, stage: str) -> str:
+        """Hash of a stage's own parameters and its upstream stages' keys."""
+        payload = {"stage": stage, "params": self.stage_params(stage),
+                   "upstream": {u: self.stage_key(u) for u in UPSTREAM[stage]}}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _check_type(name: str, value, where: str):
+    f = {f.name: f for f in dataclasses.fields(Params)}[name]
+    want = f.type if isinstance(f.type, type) else {"str": str, "int": int, "float": float,
+                                                      "bool": bool, "list": list}[f.type]
+    ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if not ok:
+        raise ValueError(f"{where}: parameter '{name}' must be {want.__name__}, got {value!r} "
+                         f"({type(value).__name__}); fix its value")
+    if name in CHOICES and value not in CHOICES[name]:
+        raise ValueError(f"{where}: parameter '{name}' is {value!r}; choose one of {CHOICES[name]}")
+    if name == "passes":
+        known = {"exact1", "exact2", "refeed"}
+        if value[:1] != ["exact1"] or not set(value) <= known:
+            raise ValueError(f"{where}: parameter 'passes' must start with 'exact1' and use only {sorted(known)}")
+    return value
+
+
+def make(overrides: dict, where: str = "parameters") -> Params:
+    """Params from defaults plus overrides, refusing unknown keys and wrong types."""
+    names = Params.names()
+    clean = {}
+    for name, value in overrides.items():
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else "see replaylib/params.py for the known ones"
+            raise ValueError(f"{where}: unknown parameter '{name}' ({hint})")
+        clean[name] = _check_type(name, value, where)
+    return Params(**clean)
+
+
+def load(path: str | Path) -> Params:
+    """Read a params YAML file; its stem is the default config name."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: params file not found; pick one of params/*.yaml or give a path")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML ({str(e).splitlines()[0]}); fix the file") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: must be a mapping of parameter: value")
+    data.setdefault("config", path.stem)
+    return make(data, where=str(path))
+
+
+def from_notebook(namespace: dict, stage: str) -> Params:
+    """Params from a notebook's parameters cell: the declared names for this stage."""
+    keys = ["config"] + [k for k in Params.keys_for(stage) if k != "config"]
+    return make({k: namespace[k] for k in keys if k in namespace}, where=f"notebook {stage}")

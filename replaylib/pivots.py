@@ -1,0 +1,76 @@
+"""Stage 2: pivot mining (PROTOCOL.md section 3.2).
+
+A generated token is a pivot when its raw top-1 minus top-2 logprob is below the margin
+threshold. The paper's paged-cache engine also needs the pivot's absolute position within
+`boundary_slack` tokens past a multiple of the block size (16); block_size 1 lifts that
+filter, since this package's engine resumes at any token. The alternative is the most
+likely top-k token other than the sampled one; pivots whose alternative (or sampled
+token) is EOS or special are skipped; at most P per rollout, earliest first.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from .params import Params
+from .rundir import StageDir, atomic_save
+
+STAGE = "02_pivot_mining"
+
+
+def token_margins(trunk) -> list[float]:
+    """Raw top-1 minus top-2 logprob at every generated step of one trunk."""
+    return [lps[0] - lps[1] for lps in trunk["topk_logprobs"] if len(lps) >= 2]
+
+
+def mine(trunks: pd.DataFrame, params: Params, special_ids: set[int]) -> pd.DataFrame:
+    """Pivots of every trunk, in the order (problem, rollout, position)."""
+    rows = []
+    for trunk in trunks.itertuples(index=False):
+        gen, prompt_len = list(trunk.gen_ids), len(trunk.prompt_ids)
+        if len(gen) < params.min_rollout_tokens:
+            continue
+        found = 0
+        for i, (ids, lps) in enumerate(zip(trunk.topk_ids, trunk.topk_logprobs)):
+            ids, lps = list(ids), list(lps)
+            if len(lps) < 2 or lps[0] - lps[1] >= params.margin_threshold:
+                continue
+            abs_pos = prompt_len + i
+            if params.block_size > 1 and abs_pos % params.block_size > params.boundary_slack:
+                continue
+            alt = next((t for t in ids if t != gen[i]), None)
+            if alt is None or alt in special_ids or gen[i] in special_ids:
+                continue
+            rows.append({"pivot_id": len(rows), "problem_id": trunk.problem_id, "rollout": trunk.rollout,
+                         "gen_index": i, "abs_pos": abs_pos, "margin": lps[0] - lps[1], "actual": gen[i], "alt": alt,
+                         "rollout_correct": int(trunk.correct)})
+            found += 1
+            if found >= params.max_pivots_per_rollout:
+                break
+    return pd.DataFrame(rows, columns=["pivot_id", "problem_id", "rollout", "gen_index", "abs_pos", "margin",
+                                       "actual", "alt", "rollout_correct"])
+
+
+def run(params: Params, out_dir=None) -> pd.DataFrame:
+    """Mine pivots from the sampling stage's kept trunks; writes pivots.parquet and margins.parquet."""
+    from . import sampling
+    stage = StageDir(params, STAGE, out_dir).begin()
+    trunks, engine_info, _ = sampling.load(params, out_dir)
+    pivots = mine(trunks, params, set(engine_info["special_ids"]))
+    margins = pd.DataFrame([{"problem_id": t.problem_id, "rollout": t.rollout, "margin": m}
+                            for t in trunks.itertuples(index=False) for m in token_margins(t._asdict())])
+    atomic_save(stage.file("pivots.parquet"), lambda tmp: pivots.to_parquet(tmp, index=False))
+    atomic_save(stage.file("margins.parquet"), lambda tmp: margins.to_parquet(tmp, index=False))
+    stage.finish(["pivots.parquet", "margins.parquet"], {"n_pivots": len(pivots)})
+    return pivots
+
+
+def load(params: Params, out_dir=None) -> pd.DataFrame:
+    return pd.read_parquet(StageDir(params, STAGE, out_dir).path / "pivots.parquet")
+
+
+def summary(pivots: pd.DataFrame, trunks: pd.DataFrame) -> pd.DataFrame:
+    """Pivots per problem: trunks, trunk accuracy, pivots, mean margin."""
+    per = trunks.groupby("problem_id").agg(trunks=("rollout", "size"), trunk_accuracy=("correct", "mean"))
+    piv = pivots.groupby("problem_id").agg(pivots=("pivot_id", "size"), mean_margin=("margin", "mean"))
+    return per.join(piv).fillna({"pivots": 0}).astype({"pivots": int})
+

@@ -1,0 +1,235 @@
+"""Per-pivot records: loading, validation and pooling (PROTOCOL.md section 6).
+
+A record is one pivot with its three estimates (A_exact1, A_exact2, A_refeed) and,
+where the run recorded them, cache instrumentation and greedy-probe fields. Two file
+forms are read into one pandas DataFrame with the same columns:
+
+* the published JSON schema: a dict with a ``pivots`` list (and ``config``), as in
+  ``data/paper-records/``;
+* this package's own records: Parquet (``.parquet``) or JSON lines (``.jsonl``), one
+  record per row/line, same field names, possibly with extra columns (kept as they are).
+
+Optional fields absent from a file stay missing (None/NaN); nothing is invented.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+REQUIRED = ("problem_id", "rollout", "abs_pos", "margin", "A_exact1", "A_exact2", "A_refeed")
+OPTIONAL = (
+    "gen_index",
+    "rollout_correct",
+    "cache_ok_exact1",
+    "cache_ok_exact2",
+    "greedy_first_exact1",
+    "greedy_first_exact2",
+    "greedy_first_refeed",
+    "greedy_divergence_exact2",
+    "greedy_divergence_refeed",
+    "greedy_first_logprob_delta_exact2",
+    "greedy_first_logprob_delta_refeed",
+)
+COLUMNS = REQUIRED[:3] + ("gen_index", "margin", "rollout_correct") + REQUIRED[4:] + OPTIONAL[2:]
+KEY = ["problem_id", "rollout", "abs_pos"]
+
+_INT_FIELDS = ("problem_id", "rollout", "abs_pos", "gen_index")
+_NUM_FIELDS = ("margin", "greedy_first_logprob_delta_exact2", "greedy_first_logprob_delta_refeed")
+_A_FIELDS = ("A_exact1", "A_exact2", "A_refeed")
+_BOOL_FIELDS = ("cache_ok_exact1", "cache_ok_exact2", "greedy_divergence_exact2", "greedy_divergence_refeed")
+_PROBE_FIRST = ("greedy_first_exact1", "greedy_first_exact2", "greedy_first_refeed")
+_SCHEMA_HINT = "records need the published schema, PROTOCOL.md section 6"
+
+# Table 1 rows of the paper (PROTOCOL.md section 4; files: data/paper-records/README.md).
+PAPER_ROWS = {
+    "main pooled": {
+        "files": ["2026-06-11/primary.json", "2026-06-11/screened.json"],
+        "model": "Qwen/Qwen2.5-7B-Instruct", "k": 4, "cont_temp": 0.7,
+        "problems": "primary 20 + screened 20", "batch_invariant": False,
+    },
+    "K=8": {
+        "files": ["2026-06-11/k8.json"],
+        "model": "Qwen/Qwen2.5-7B-Instruct", "k": 8, "cont_temp": 0.7,
+        "problems": "20 screened", "batch_invariant": False,
+    },
+    "K=16": {
+        "files": ["2026-06-11/k16.json"],
+        "model": "Qwen/Qwen2.5-7B-Instruct", "k": 16, "cont_temp": 0.7,
+        "problems": "10 screened", "batch_invariant": False,
+    },
+    "greedy continuations": {
+        "files": ["2026-06-10/temp0.json"],
+        "model": "Qwen/Qwen2.5-7B-Instruct", "k": 1, "cont_temp": 0.0,
+        "problems": "20 screened", "batch_invariant": False,
+    },
+    "GRPO checkpoint": {
+        "files": ["2026-06-10/grpo.json"],
+        "model": "hkust-nlp/Qwen-2.5-7B-SimpleRL-Zoo", "k": 4, "cont_temp": 0.7,
+        "problems": "20 screened", "batch_invariant": False,
+    },
+    "Phi-4-mini": {
+        "files": ["2026-06-11/phi.json"],
+        "model": "microsoft/Phi-4-mini-instruct", "k": 4, "cont_temp": 0.7,
+        "problems": "20 screened from 0", "batch_invariant": False,
+    },
+    "batch-invariant": {
+        "files": ["2026-06-11/batchinv.json"],
+        "model": "Qwen/Qwen2.5-7B-Instruct", "k": 4, "cont_temp": 0.7,
+        "problems": "primary 0-9", "batch_invariant": True,
+    },
+}
+
+
+def _fail(path, index, field, what):
+    raise ValueError(f"{path}: pivot {index} {what} '{field}' ({_SCHEMA_HINT})")
+
+
+def _is_number(v):
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_missing(v):
+    return v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA
+
+
+def _check_record(path, i, rec):
+    """Validate one record (a dict) in place; parse probe dicts given as JSON strings."""
+    if not isinstance(rec, dict):
+        raise ValueError(f"{path}: pivot {i} is not an object ({_SCHEMA_HINT})")
+    for f in REQUIRED:
+        if f not in rec or _is_missing(rec[f]):
+            _fail(path, i, f, "has no field")
+    for f in _INT_FIELDS:
+        v = rec.get(f)
+        if _is_missing(v):
+            continue
+        if not _is_number(v) or v != int(v):
+            _fail(path, i, f, f"has a non-integer value {v!r} in field")
+        rec[f] = int(v)
+    for f in _NUM_FIELDS + _A_FIELDS:
+        v = rec.get(f)
+        if _is_missing(v) and f not in REQUIRED:
+            continue
+        if not _is_number(v) or not math.isfinite(v):
+            _fail(path, i, f, f"has a non-numeric value {v!r} in field")
+        if f in _A_FIELDS and not -1.0 <= v <= 1.0:
+            _fail(path, i, f, f"has a value {v!r} outside [-1, 1] in field")
+    for f in _BOOL_FIELDS:
+        v = rec.get(f)
+        if not _is_missing(v) and not isinstance(v, bool):
+            if isinstance(v, (numbers.Integral, np.bool_)) and v in (0, 1):
+                rec[f] = bool(v)
+            else:
+                _fail(path, i, f, f"has a non-boolean value {v!r} in field")
+    for f in _PROBE_FIRST:
+        v = rec.get(f)
+        if _is_missing(v):
+            continue
+        if isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except json.JSONDecodeError:
+                _fail(path, i, f, "has malformed JSON in field")
+        if isinstance(v, (list, tuple)) and all(isinstance(x, tuple) and len(x) == 2 for x in v):
+            v = dict(v)  # a Parquet map column arrives as (key, value) pairs
+        try:
+            rec[f] = {str(arm): [int(x[0]), float(x[1])] for arm, x in v.items() if len(x) == 2}
+            ok = len(rec[f]) == len(v)
+        except (AttributeError, TypeError, ValueError, KeyError):
+            ok = False
+        if not ok:
+            _fail(path, i, f, "needs {arm: [first token id, first logprob]} in field")
+
+
+def _read_rows(path: Path):
+    """Return (list of record dicts, config dict or None) for one file."""
+    suffix = path.suffix.lower()
+    if suffix not in (".json", ".jsonl", ".parquet"):
+        raise ValueError(f"{path}: unknown records format '{suffix}' (use .json, .jsonl or .parquet)")
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file")
+    if suffix == ".parquet":
+        try:
+            return pd.read_parquet(path).to_dict(orient="records"), None
+        except Exception as e:  # pyarrow / OS errors, reported on one line naming the file
+            msg = " ".join(str(e).split()) or type(e).__name__
+            raise ValueError(f"{path}: cannot read records ({msg})") from None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot read records ({type(e).__name__})") from None
+    if suffix == ".jsonl":
+        rows = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}: line {lineno} is not valid JSON ({e.msg})") from None
+        return rows, None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not a readable JSON file ({e.msg} at line {e.lineno})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("pivots"), list):
+        raise ValueError(
+            f"{path}: not a published records file: expected a JSON object with a "
+            f"'pivots' list ({_SCHEMA_HINT})"
+        )
+    return data["pivots"], data.get("config")
+
+
+def load_records(path) -> pd.DataFrame:
+    """Load one records file into a DataFrame (PROTOCOL.md section 6).
+
+    Columns: ``COLUMNS`` (optional ones all-missing when the file lacks them), any extra
+    columns of the file, and ``source`` (the file stem). The published ``config`` is
+    kept in ``df.attrs["configs"][source]``. Raises a one-line ``ValueError`` naming
+    the file (and record index and field) on unreadable files or malformed records.
+    """
+    path = Path(path)
+    rows, config = _read_rows(path)
+    for i, rec in enumerate(rows):
+        _check_record(path, i, rec)
+    df = pd.DataFrame.from_records(rows)
+    for col in COLUMNS:
+        if col not in df.columns:
+            df[col] = pd.Series([None] * len(df), dtype=object)
+    extra = [c for c in df.columns if c not in COLUMNS and c != "source"]
+    df = df[list(COLUMNS) + extra].copy()
+    for col in ("problem_id", "rollout", "abs_pos"):
+        df[col] = df[col].astype("int64")
+    for col in ("margin",) + _A_FIELDS:
+        df[col] = df[col].astype("float64")
+    df["source"] = path.stem
+    df.attrs["configs"] = {path.stem: config}
+    return df
+
+
+def pool(frames) -> pd.DataFrame:
+    """Concatenate record frames; deduplicate on (problem_id, rollout, abs_pos), keep first."""
+    frames = list(frames)
+    if not frames:
+        raise ValueError("pool: no record frames given")
+    configs = {}
+    for f in frames:
+        configs.update(f.attrs.get("configs", {}))
+    out = pd.concat(frames, ignore_index=True)
+    out = out.drop_duplicates(subset=KEY, keep="first").reset_index(drop=True)
+    out.attrs = {"configs": configs}
+    return out
+
+
+def load_paper_row(label: str, root) -> pd.DataFrame:
+    """Load and pool the record files of one Table 1 row; ``root`` is data/paper-records/."""
+    if label not in PAPER_ROWS:
+        raise ValueError(f"unknown Table 1 row {label!r} (one of: {', '.join(PAPER_ROWS)})")
+    root = Path(root)
+    return pool(load_records(root / f) for f in PAPER_ROWS[label]["files"])

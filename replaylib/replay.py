@@ -1,0 +1,148 @@
+"""Stage 3: three-pass replay (PROTOCOL.md section 3.3).
+
+For every pivot and both arms (actual, alt) the prompt is the token ids
+`prompt + generated[:i] + [forced]`; K seeded continuations (seed = hash(problem, rollout,
+abs_pos, arm, k)) and one greedy probe per arm, in each pass:
+  exact1  resume the trunk's decode-time state
+  exact2  the identical work again (replica: the noise floor)
+  refeed  a fresh prefill of the same ids, as published credit pipelines do
+A = mean(R | actual) - mean(R | alt) per pass. Records follow the published schema
+(PROTOCOL.md section 6) plus exactness columns. Each problem is written as its own shard
+(atomically), so a rerun after a crash redoes only unfinished problems.
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from .data import load_problems
+from .engine import ARMS, PassSettings, PivotJob, continuation_seed, make_engine
+from .grading import grade
+from .params import Params
+from .rundir import StageDir, atomic_save
+
+log = logging.getLogger("replaylib")
+STAGE = "03_three_pass_replay"
+
+
+def settings(params: Params, max_tokens: int | None = None) -> PassSettings:
+    return PassSettings(k=params.k, temperature=params.cont_temperature, top_p=params.cont_top_p,
+                        max_tokens=max_tokens or params.max_cont_tokens, probe_tokens=params.probe_tokens,
+                        stop_at_answer=params.stop_at_answer, task=params.task)
+
+
+def build_jobs(pivots: pd.DataFrame, trunks: pd.DataFrame, k: int) -> list[PivotJob]:
+    """Pivot jobs of one problem, from the pivot table and its trunks."""
+    by_rollout = {t.rollout: t for t in trunks.itertuples(index=False)}
+    jobs = []
+    for p in pivots.itertuples(index=False):
+        trunk = by_rollout[p.rollout]
+        gen, i = list(trunk.gen_ids), int(p.gen_index)
+        nxt = (list(trunk.topk_ids[i + 1]), list(trunk.topk_logprobs[i + 1])) if i + 1 < len(gen) else None
+        jobs.append(PivotJob(
+            pivot_id=int(p.pivot_id), problem_id=int(p.problem_id), rollout=int(p.rollout), gen_index=i,
+            prompt_ids=list(trunk.prompt_ids), gen_prefix=gen[:i], forced={"actual": int(p.actual), "alt": int(p.alt)},
+            seeds={arm: [continuation_seed(int(p.problem_id), int(p.rollout), int(p.abs_pos), arm, j) for j in range(k)]
+                   for arm in ARMS},
+            trunk_next=nxt))
+    return jobs
+
+
+def estimate(job: PivotJob, out, gold: str, task: str, decode) -> tuple[float, dict]:
+    """A = mean(R | actual) - mean(R | alt), grading prefix + forced token + continuation."""
+    wins = {}
+    for arm in ARMS:
+        head = job.gen_prefix + [job.forced[arm]]
+        wins[arm] = [grade(decode(head + c), gold, task) for c in out.continuations[arm]]
+    a = sum(wins["actual"]) / len(wins["actual"]) - sum(wins["alt"]) / len(wins["alt"])
+    return a, wins
+
+
+def pivot_record(job: PivotJob, pivot, outs: dict, wins: dict, estimates: dict, state_ok: bool,
+                 passes: list[str]) -> dict:
+    """One record in the published schema, plus this package's exactness and diagnostics columns."""
+    rec = {"problem_id": job.problem_id, "rollout": job.rollout, "abs_pos": job.abs_pos,
+           "gen_index": job.gen_index, "margin": float(pivot.margin), "rollout_correct": int(pivot.rollout_correct)}
+    for name in passes:
+        rec[f"A_{name}"] = estimates[name]
+        out = outs[name]
+        # JSON text: Parquet would coerce [token id, logprob] pairs to one type
+        rec[f"greedy_first_{name}"] = json.dumps({arm: [int(out.probe_ids[arm][0]), float(out.probe_first_logprob[arm])]
+                                                  for arm in ARMS})
+        for arm in ARMS:
+            rec[f"wins_{name}_{arm}"] = int(sum(wins[name][arm]))
+        rec[f"cont_tokens_{name}"] = sum(len(c) for arm in ARMS for c in out.continuations[arm])
+    for name in passes[1:]:
+        base, other = outs["exact1"], outs[name]
+        rec[f"greedy_divergence_{name}"] = any(base.probe_ids[a] != other.probe_ids[a] for a in ARMS)
+        rec[f"greedy_first_logprob_delta_{name}"] = max(
+            abs(base.probe_first_logprob[a] - other.probe_first_logprob[a]) for a in ARMS)
+        rec[f"cont_diff_{name}"] = sum(x != y for a in ARMS
+                                       for x, y in zip(base.continuations[a], other.continuations[a]))
+    # cache_ok: the exact passes really resumed the decode-time state (bits loaded == bits saved)
+    for name in [p for p in passes if p.startswith("exact")]:
+        rec[f"cache_ok_{name}"] = bool(state_ok and outs[name].resume.get("state_ok", True))
+    first = outs["exact1"].resume.get("first_step_exact")
+    rec["first_step_exact"] = first
+    rec["exact_ok"] = bool(all(rec[f"cache_ok_{p}"] for p in passes if p.startswith("exact")))
+    rec["pass_order"] = ",".join(passes)
+    return rec
+
+
+def replay_problem(engine, jobs, pivots, state, state_ok: dict, gold, params, max_tokens=None) -> list[dict]:
+    """All passes for one problem's pivots, in the configured order; state_ok: rollout -> state verified."""
+    cfg = settings(params, max_tokens)
+    outs = {}
+    for name in params.passes:
+        outs[name] = {o.pivot_id: o for o in engine.run_pass(jobs, name, cfg, state)}
+    records = []
+    for job, pivot in zip(jobs, pivots.itertuples(index=False)):
+        per = {name: outs[name][job.pivot_id] for name in params.passes}
+        estimates, wins = {}, {}
+        for name in params.passes:
+            estimates[name], wins[name] = estimate(job, per[name], gold, params.task, engine.decode)
+        records.append(pivot_record(job, pivot, per, wins, estimates, state_ok.get(job.rollout, False),
+                                    params.passes))
+    return records
+
+
+def run(params: Params, out_dir=None) -> pd.DataFrame:
+    """Replay every pivot; writes shards/problem_*.parquet, then records.parquet."""
+    from . import pivots as pivot_stage
+    from . import sampling
+    stage = StageDir(params, STAGE, out_dir).begin()
+    trunks, _, _ = sampling.load(params, out_dir)
+    pivots = pivot_stage.load(params, out_dir)
+    gold = {p.problem_id: p.gold for p in load_problems(params.task)}
+    todo = [pid for pid in pivots.problem_id.unique() if not stage.file(f"shards/problem_{pid:05d}.parquet").exists()]
+    if todo:
+        engine = make_engine(params)
+        log.info("config %s, stage %s, engine %s: %d problems to replay", params.config, STAGE,
+                 engine.describe(), len(todo))
+        for pid in tqdm(todo, desc="problems replayed"):
+            group = pivots[pivots.problem_id == pid]
+            jobs = build_jobs(group, trunks[trunks.problem_id == pid], params.k)
+            state, verified = engine.problem_state(stage.upstream(sampling.STAGE), int(pid), trunks)
+            records = replay_problem(engine, jobs, group, state, verified, gold[pid], params)
+            shard = pd.DataFrame(records)
+            atomic_save(stage.file(f"shards/problem_{pid:05d}.parquet"), lambda tmp: shard.to_parquet(tmp, index=False))
+    shards = [pd.read_parquet(stage.file(f"shards/problem_{pid:05d}.parquet")) for pid in pivots.problem_id.unique()]
+    records = pd.concat(shards, ignore_index=True) if shards else pd.DataFrame()
+    records["config"] = params.config
+    atomic_save(stage.file("records.parquet"), lambda tmp: records.to_parquet(tmp, index=False))
+    outputs = ["records.parquet"] + sorted(str(p.relative_to(stage.path)) for p in (stage.path / "shards").glob("*.parquet"))
+    flagged = int((~records["exact_ok"]).sum()) if len(records) else 0
+    if flagged:
+        log.warning("%d of %d pivots did not resume the saved state exactly; they are flagged (exact_ok False) "
+                    "and excluded from the statistics by default", flagged, len(records))
+    stage.finish(outputs, {"n_records": len(records), "flagged_not_exact": flagged})
+    return records
+
+
+def load(params: Params, out_dir=None) -> pd.DataFrame:
+    """The replay records, validated and parsed like any record file (replaylib.records)."""
+    from .records import load_records
+    return load_records(StageDir(params, STAGE, out_dir).path / "records.parquet")

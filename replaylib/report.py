@@ -1,0 +1,115 @@
+"""Command line report of per-pivot records (PROTOCOL.md section 4).
+
+    python -m replaylib.report --records FILE [FILE ...] --json OUT.json
+
+Loads each records file (published JSON, or this package's .parquet / .jsonl), pools
+them (deduplicating on problem_id, rollout, abs_pos, first kept), writes
+``stats.summarize()`` as JSON (indent 2) and prints a short summary. Errors: one line
+on stderr, exit status 2, and no partial output file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from replaylib import records, stats
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line on stderr, exit status 2
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m replaylib.report",
+                description="Statistics of per-pivot replay records (PROTOCOL.md section 4).")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--records", nargs="+", metavar="FILE",
+                      help="records files (.json published schema, .parquet, .jsonl), pooled")
+    # Further modes are added here, to this mutually exclusive group
+    # (planned: --verify RUN_DIR, implemented elsewhere; see main()).
+    p.add_argument("--json", metavar="OUT.json", help="write the summary here (indent 2)")
+    p.add_argument("--keep-flagged", action="store_true",
+                   help="keep records with exact_ok == False (excluded by default)")
+    return p
+
+
+def write_json_atomic(obj, path) -> None:
+    """Write JSON to a temporary file beside ``path``, then rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(obj, fh, indent=2, allow_nan=False)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def records_summary(files, exclude_flagged: bool = True) -> dict:
+    """Load and pool the files, return ``stats.summarize()`` of the pooled records."""
+    frames = [records.load_records(f) for f in files]
+    return stats.summarize(records.pool(frames), exclude_flagged=exclude_flagged)
+
+
+def _pct(x):
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _f(x, fmt):
+    return "-" if x is None else format(x, fmt)
+
+
+def human_summary(s: dict) -> str:
+    """A few lines for the terminal."""
+    c, cl, mc, b = s["common"], s["clustered"], s["mcnemar"], s["bias"]
+    j = s["jaccard"]["0.5"]
+    lines = [
+        f"records {s['n_records']} from {s['n_problems']} problems; common set n = {c['n']}"
+        + (f"; excluded (not exact) {s['excluded_not_exact']}" if "excluded_not_exact" in s else ""),
+        f"refeed disagreement {c['refeed']['flips']}/{c['n']} = {_pct(c['refeed']['rate'])} "
+        f"(polarity {c['refeed']['polarity']}); floor {c['floor']['flips']}/{c['n']} = "
+        f"{_pct(c['floor']['rate'])} (polarity {c['floor']['polarity']})",
+        f"excess {_f(s['excess_pp'], '+.1f')} pp (exact1-conditioned {_f(s['excess_pp_exact1'], '+.1f')}); "
+        f"clustered t {_f(cl['t'], '.2f')} over {cl['n_problems']} problems; McNemar z {_f(mc['z'], '.2f')}",
+        f"bias {_f(b['mean'], '+.4f')} (t {_f(b['t'], '.3f')}); Jaccard |A|>=0.5: refeed "
+        f"{_f(j['refeed'], '.3f')} vs replica {_f(j['replica'], '.3f')} ({j['n_exact1']} selected under exact1)",
+    ]
+    if s["probes"]:
+        p = s["probes"]
+        lines.append(f"probes n {p['n']}: divergence refeed {_pct(p['refeed']['divergence_rate'])} vs "
+                     f"replica {_pct(p['replica']['divergence_rate'])}; bit-exact refeed "
+                     f"{_pct(p['refeed']['bit_exact_rate'])} vs replica {_pct(p['replica']['bit_exact_rate'])}")
+    if s["cache"]:
+        k = s["cache"]
+        lines.append(f"cache verified: exact1 {_pct(k['exact1_ok_rate'])}, exact2 {_pct(k['exact2_ok_rate'])} "
+                     f"of {k['n']}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.records is not None:
+            summary = records_summary(args.records, exclude_flagged=not args.keep_flagged)
+            if args.json:
+                write_json_atomic(summary, args.json)
+            print(human_summary(summary))
+        # elif args.verify is not None:  -> the --verify RUN_DIR mode goes here.
+    except (ValueError, OSError) as e:
+        msg = " ".join(str(e).split())
+        print(f"report: error: {msg}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

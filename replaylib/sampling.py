@@ -1,0 +1,104 @@
+"""Stage 1: sampling trunks (PROTOCOL.md section 3.1).
+
+Per problem, N rollouts with per-rollout seeds hashed from (problem, "trunk", rollout),
+raw top-k logprobs of every generated token, grading, and an optional difficulty screen
+that keeps a problem only if its trunk accuracy is neither 0 nor 1. The transformers
+engine's decode-time KV of every kept trunk is saved (safetensors per problem) so that
+the replay stage, in another process, can resume it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from .data import load_problems
+from .engine import make_engine, trunk_seed
+from .grading import grade
+from .params import Params
+from .rundir import StageDir, atomic_save, atomic_write_json
+
+log = logging.getLogger("replaylib")
+STAGE = "01_sampling"
+
+
+def screen_batches(params: Params, n_total: int):
+    """Problem indices to scan, in batches: about twice what is still needed, within the scan limit."""
+    scanned, next_index = 0, params.problem_start
+    limit = params.scan_limit if params.screen_mixed else params.n_problems
+    per_batch = max(1, params.max_batch_rows // params.n_rollouts)
+
+    def take(still_needed: int) -> list[int]:
+        nonlocal scanned, next_index
+        want = still_needed * (2 if params.screen_mixed else 1)
+        n = max(0, min(want, per_batch, limit - scanned, n_total - next_index))
+        batch = list(range(next_index, next_index + n))
+        scanned, next_index = scanned + n, next_index + n
+        return batch
+    return take
+
+
+def run(params: Params, out_dir=None) -> dict:
+    """Sample, grade and screen trunks; write problems.json, trunks.parquet, state/, accuracy.csv."""
+    stage = StageDir(params, STAGE, out_dir).begin()
+    problems = load_problems(params.task)
+    engine = make_engine(params)
+    log.info("config %s, stage %s, engine %s", params.config, STAGE, engine.describe())
+    take = screen_batches(params, len(problems))
+    accepted, rows, scanned = [], [], []
+    bar = tqdm(total=params.n_problems, desc="problems kept")
+    while len(accepted) < params.n_problems:
+        batch = take(params.n_problems - len(accepted))
+        if not batch:
+            break
+        prompts = {pid: engine.prompt_ids(problems[pid].question, params.instruction) for pid in batch}
+        seeds = {(pid, r): trunk_seed(pid, r) for pid in batch for r in range(params.n_rollouts)}
+        trunks, state = engine.sample_trunks(prompts, params.n_rollouts, seeds, params.temperature, params.top_p,
+                                             params.max_trunk_tokens, params.top_logprobs)
+        for pid in batch:
+            correct = [grade(engine.decode(t.gen_ids), problems[pid].gold, params.task) for t in trunks[pid]]
+            accuracy = sum(correct) / len(correct)
+            keep = len(accepted) < params.n_problems and (not params.screen_mixed or 0 < accuracy < 1)
+            scanned.append({"problem_id": pid, "gold": problems[pid].gold, "trunk_accuracy": accuracy,
+                            "kept": keep, "prompt_tokens": len(prompts[pid])})
+            for t, ok in zip(trunks[pid], correct):
+                rows.append({"problem_id": pid, "rollout": t.rollout, "seed": t.seed, "kept": keep,
+                             "prompt_ids": t.prompt_ids, "gen_ids": t.gen_ids, "topk_ids": t.topk_ids,
+                             "topk_logprobs": t.topk_logprobs, "text": engine.decode(t.gen_ids), "correct": ok,
+                             "finish_reason": t.finish_reason, "n_tokens": len(t.gen_ids)})
+            if keep:
+                accepted.append(pid)
+                bar.update(1)
+                if state is not None:
+                    from .engine_hf import save_state
+                    save_state(state[pid], stage.file(f"state/problem_{pid:05d}.safetensors"))
+    bar.close()
+    if len(accepted) < params.n_problems:
+        log.warning("kept %d of %d problems after scanning %d (scan_limit %d)", len(accepted), params.n_problems,
+                    len(scanned), params.scan_limit)
+    if not accepted:
+        raise RuntimeError(f"{STAGE}: no problem passed the screen in {len(scanned)} scanned; raise scan_limit "
+                           f"or set screen_mixed: false")
+    trunks_df = pd.DataFrame(rows)
+    accuracy = pd.DataFrame(scanned)
+    atomic_save(stage.file("trunks.parquet"), lambda tmp: trunks_df.to_parquet(tmp, index=False))
+    atomic_save(stage.file("accuracy.csv"), lambda tmp: accuracy.to_csv(tmp, index=False))
+    info = {**engine.describe(), "stop_ids": sorted(engine.stop_ids), "special_ids": sorted(engine.special_ids),
+            "block_size": getattr(engine, "block_size", None)}
+    atomic_write_json(stage.file("engine.json"), info)
+    atomic_write_json(stage.file("problems.json"), {"kept": accepted, "scanned": scanned})
+    outputs = ["trunks.parquet", "accuracy.csv", "engine.json", "problems.json"]
+    outputs += sorted(str(p.relative_to(stage.path)) for p in (stage.path / "state").glob("*.safetensors"))
+    stage.finish(outputs, {"engine": engine.describe()})
+    return {"kept": accepted, "scanned": len(scanned), "trunk_accuracy": float(trunks_df["correct"].mean()),
+            "kept_accuracy": float(trunks_df[trunks_df.kept]["correct"].mean())}
+
+
+def load(params: Params, out_dir=None) -> tuple[pd.DataFrame, dict, dict]:
+    """The sampling stage's trunks (kept problems), engine info and problem list."""
+    path = StageDir(params, STAGE, out_dir).path
+    trunks = pd.read_parquet(path / "trunks.parquet")
+    return (trunks[trunks.kept].reset_index(drop=True), json.loads((path / "engine.json").read_text()),
+            json.loads((path / "problems.json").read_text()))

@@ -1,0 +1,147 @@
+"""The transformers engine on a tiny random-weight model: exact resume, re-feed, invariant mode."""
+import torch
+
+from replaylib.engine import ARMS, PassSettings, PivotJob, continuation_seed, stable_seed, trunk_seed
+from replaylib.engine_hf import choose_tokens, load_state, position_uniform, save_state, state_digest
+
+QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have now?"
+INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+
+
+def sample(engine, n=3, max_new=40, pid=0):
+    prompt = engine.prompt_ids(QUESTION, INSTRUCTION)
+    seeds = {(pid, r): trunk_seed(pid, r) for r in range(n)}
+    trunks, state = engine.sample_trunks({pid: prompt}, n, seeds, 0.7, 0.95, max_new, 5)
+    return trunks[pid], state[pid]
+
+
+def job_for(trunk, i, k=2, pivot_id=0):
+    alt = next(t for t in trunk.topk_ids[i] if t != trunk.gen_ids[i])
+    abs_pos = len(trunk.prompt_ids) + i
+    return PivotJob(pivot_id, trunk.problem_id, trunk.rollout, i, trunk.prompt_ids, trunk.gen_ids[:i],
+                    {"actual": trunk.gen_ids[i], "alt": alt},
+                    {a: [continuation_seed(trunk.problem_id, trunk.rollout, abs_pos, a, j) for j in range(k)]
+                     for a in ARMS},
+                    (trunk.topk_ids[i + 1], trunk.topk_logprobs[i + 1]))
+
+
+SETTINGS = PassSettings(k=2, temperature=0.7, top_p=0.95, max_tokens=12, probe_tokens=8, stop_at_answer=False,
+                        task="gsm8k")
+
+
+def test_seeds_are_stable_hashes_of_what_they_identify():
+    assert stable_seed(3, "trunk", 1) == stable_seed(3, "trunk", 1)
+    assert len({trunk_seed(p, r) for p in range(20) for r in range(8)}) == 160
+    assert continuation_seed(1, 2, 300, "actual", 0) != continuation_seed(1, 2, 300, "alt", 0)
+    assert 0 <= stable_seed("x") < 2**31
+
+
+def test_position_uniform_depends_only_on_seed_and_position():
+    values = [position_uniform(7, p) for p in range(1000)]
+    assert values == [position_uniform(7, p) for p in range(1000)]
+    assert all(0.0 <= v < 1.0 for v in values)
+    assert 0.45 < sum(values) / len(values) < 0.55
+    assert position_uniform(7, 10) != position_uniform(8, 10)
+
+
+def test_choose_tokens_greedy_nucleus_and_fallback():
+    logits = torch.tensor([[0.0, 3.0, 2.0, 1.0]])
+    assert choose_tokens(logits, [0.0], [1.0], [0.99]) == [1]  # greedy ignores the uniform
+    assert choose_tokens(logits, [1.0], [0.01], [0.99]) == [1]  # a tiny nucleus is the top token
+    assert choose_tokens(logits, [1.0], [1.0], [0.0]) == [1]  # the inverse CDF starts at the top
+    assert choose_tokens(logits, [1.0], [1.0], [0.999]) == [0]  # ... and ends at the least likely
+    flat = torch.zeros(1, 1000)  # nucleus wider than the 128 candidates: full sort
+    assert choose_tokens(flat, [1.0], [0.95], [0.9])[0] == int(0.9 * 950)
+
+
+def test_resume_at_the_same_batch_shape_reproduces_decode_logits_bit_for_bit(tiny_engine):
+    trunks, state = sample(tiny_engine)
+    i = min(len(t.gen_ids) for t in trunks) - 2  # before any row left the batch
+    assert i >= 2
+    rows = range(len(trunks))
+    length = len(trunks[0].prompt_ids) + i
+    cache = tiny_engine._new_cache(
+        [torch.stack([state[r][0][layer, :, :length] for r in rows]) for layer in range(state[0][0].shape[0])],
+        [torch.stack([state[r][1][layer, :, :length] for r in rows]) for layer in range(state[0][0].shape[0])])
+    feed = torch.tensor([[trunks[r].gen_ids[i]] for r in rows])
+    logits, _ = tiny_engine._forward(feed, torch.full((len(trunks), 1), length), cache, None)
+    top = torch.log_softmax(logits, -1).topk(5)
+    for r in rows:
+        assert top.indices[r].tolist() == trunks[r].topk_ids[i + 1]
+        assert top.values[r].tolist() == trunks[r].topk_logprobs[i + 1]  # exact float equality
+
+
+def test_resumed_trunks_regenerate_themselves(tiny_engine):
+    """Noise keyed by (seed, position): resuming the actual tokens with the trunks' own seeds
+    continues every trunk exactly as it was sampled."""
+    from replaylib.engine_hf import _Rows
+    trunks, state = sample(tiny_engine)
+    i = 3
+    rows = range(len(trunks))
+    length = len(trunks[0].prompt_ids) + i
+    n_layers = state[0][0].shape[0]
+    cache = tiny_engine._new_cache(
+        [torch.stack([state[r][0][layer, :, :length] for r in rows]) for layer in range(n_layers)],
+        [torch.stack([state[r][1][layer, :, :length] for r in rows]) for layer in range(n_layers)])
+    feed = torch.tensor([[trunks[r].gen_ids[i]] for r in rows])
+    logits, cache = tiny_engine._forward(feed, torch.full((len(trunks), 1), length), cache, None)
+    spec = _Rows(seeds=[t.seed for t in trunks], temperature=[0.7] * 3, top_p=[0.95] * 3,
+                 max_new=[len(t.gen_ids) - i - 1 for t in trunks])
+    tokens, *_ = tiny_engine._decode(logits, cache, None, [length + 1] * 3, spec)
+    for r in rows:
+        assert tokens[r] == trunks[r].gen_ids[i + 1:]
+
+
+def test_refeed_is_a_different_computation(tiny_engine):
+    trunks, _ = sample(tiny_engine)
+    trunk = trunks[1]
+    differ = 0
+    for i in range(1, len(trunk.gen_ids) - 1):
+        logits, *_ = tiny_engine._prefill([trunk.prompt_ids + trunk.gen_ids[:i + 1]])
+        differ += torch.log_softmax(logits, -1)[0].topk(5).values.tolist() != trunk.topk_logprobs[i + 1]
+    assert differ > 0  # prefill rounds differently from the decode steps that made the trunk
+
+
+def test_exact_passes_replicate_and_flag_first_step(tiny_engine):
+    trunks, state = sample(tiny_engine)
+    jobs = [job_for(trunks[r], 4, pivot_id=r) for r in range(3)]
+    e1 = tiny_engine.run_pass(jobs, "exact1", SETTINGS, state)
+    e2 = tiny_engine.run_pass(jobs, "exact2", SETTINGS, state)
+    rf = tiny_engine.run_pass(jobs, "refeed", SETTINGS, None)
+    for a, b in zip(e1, e2):
+        assert a.continuations == b.continuations and a.probe_ids == b.probe_ids
+        assert a.probe_first_logprob == b.probe_first_logprob
+        assert isinstance(a.resume["first_step_exact"], bool)
+    assert all(len(o.continuations[arm]) == 2 for o in rf for arm in ARMS)
+    assert all(len(o.probe_ids[arm]) == 8 for o in rf for arm in ARMS)
+
+
+def test_invariant_mode_makes_all_passes_identical(tiny_invariant_engine):
+    trunks, state = sample(tiny_invariant_engine, n=2, max_new=24)
+    jobs = [job_for(trunks[0], 3, pivot_id=0), job_for(trunks[1], 6, pivot_id=1)]
+    outs = {name: tiny_invariant_engine.run_pass(jobs, name, SETTINGS, state if name != "refeed" else None)
+            for name in ("exact1", "exact2", "refeed")}
+    for name in ("exact2", "refeed"):
+        for a, b in zip(outs["exact1"], outs[name]):
+            assert a.continuations == b.continuations
+            assert a.probe_ids == b.probe_ids
+            assert a.probe_first_logprob == b.probe_first_logprob  # bit for bit
+
+
+def test_saved_state_round_trip_and_tampering(tiny_engine, tmp_path):
+    _, state = sample(tiny_engine, n=2, max_new=10)
+    path = tmp_path / "problem.safetensors"
+    save_state(state, path)
+    loaded, verified = load_state(path)
+    assert verified == {0: True, 1: True}
+    assert all(torch.equal(loaded[r][0], state[r][0]) for r in state)
+    # flip one value of rollout 1 while keeping the recorded digests: the load must notice
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    with safe_open(str(path), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    tensors["r1.keys"][0, 0, 0, 0] += 1
+    save_file(tensors, str(path), metadata=meta)
+    _, verified = load_state(path)
+    assert verified == {0: True, 1: False}
+    assert state_digest(*state[0]) != state_digest(*state[1])

@@ -1,0 +1,75 @@
+"""Parameters: validation with one-line errors, YAML files, per-stage keys."""
+import pytest
+import yaml
+
+from replaylib import params
+from replaylib.params import STAGES, Params
+
+
+def test_defaults_are_the_embedded_file(tmp_path):
+    repo = params.Path(params.__file__).resolve().parents[1]
+    embedded = params.load(repo / "params" / "embedded.yaml")
+    assert embedded == Params()  # the file spells out the defaults
+
+
+def test_every_params_file_loads():
+    repo = params.Path(params.__file__).resolve().parents[1]
+    files = sorted((repo / "params").glob("*.yaml"))
+    assert len(files) >= 3
+    for f in files:
+        assert params.load(f).config == f.stem
+
+
+def test_unknown_key_is_refused_with_a_suggestion(tmp_path):
+    f = tmp_path / "x.yaml"
+    f.write_text("margn_threshold: 0.5\n")
+    with pytest.raises(ValueError) as e:
+        params.load(f)
+    msg = str(e.value)
+    assert "\n" not in msg and str(f) in msg and "'margn_threshold'" in msg and "margin_threshold" in msg
+
+
+@pytest.mark.parametrize("key, value, fragment", [
+    ("k", "4x", "must be int"),
+    ("k", True, "must be int"),
+    ("screen_mixed", "yes", "must be bool"),
+    ("engine", "tensorrt", "choose one of"),
+    ("passes", ["refeed", "exact1"], "must start with 'exact1'"),
+])
+def test_wrong_type_or_value_is_refused(key, value, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        params.make({key: value}, where="test")
+
+
+def test_int_is_accepted_for_float():
+    assert params.make({"temperature": 1}).temperature == 1.0
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="params file not found"):
+        params.load(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("k: [1, 2\n")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        params.load(bad)
+    (tmp_path / "list.yaml").write_text(yaml.safe_dump([1, 2]))
+    with pytest.raises(ValueError, match="mapping"):
+        params.load(tmp_path / "list.yaml")
+
+
+def test_a_change_invalidates_its_stage_and_downstream_only():
+    base = Params()
+    changed = params.make({"k": 8})
+    same = {s for s in STAGES if base.stage_key(s) == changed.stage_key(s)}
+    assert same == {"01_sampling", "02_pivot_mining"}
+    sampled = params.make({"temperature": 0.5})
+    assert all(base.stage_key(s) != sampled.stage_key(s) for s in STAGES)
+    stats_only = params.make({"bootstrap_draws": 10})
+    assert {s for s in STAGES if base.stage_key(s) != stats_only.stage_key(s)} == {"04_statistics"}
+    assert params.make({"config": "other"}).stage_key("03_three_pass_replay") == base.stage_key("03_three_pass_replay")
+
+
+def test_from_notebook_reads_declared_names_only():
+    ns = {"config": "c", "k": 8, "unrelated": 1, "margin_threshold": 0.5}
+    p = params.from_notebook(ns, "03_three_pass_replay")
+    assert (p.config, p.k, p.margin_threshold) == ("c", 8, 0.5)
