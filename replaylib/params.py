@@ -72,6 +72,12 @@ class Params:
     max_trunk_tokens: int = _p("01_sampling", 320, "trunk length limit")
     top_logprobs: int = _p("01_sampling", 5, "raw top-k logprobs kept per generated token")
     max_batch_rows: int = _p("01_sampling", 64, "largest batch the transformers engine runs at once")
+    gpu_memory_utilization: float = _p("01_sampling", 0.92, "vLLM: share of GPU memory for weights and KV blocks")
+    max_model_len: int = _p("01_sampling", 4096, "vLLM: context length")
+    attention_backend: str = _p("01_sampling", "", "vLLM attention backend (empty: the engine default)")
+    invariant_attention_backend: str = _p("01_sampling", "TRITON_ATTN",
+                                          "vLLM attention backend in batch-invariant mode (FA3 is not invariant)")
+    enforce_eager: bool = _p("01_sampling", False, "vLLM: no CUDA graphs or torch.compile")
     # --- 02 pivot mining
     margin_threshold: float = _p("02_pivot_mining", 1.0, "pivot if top1 - top2 logprob < this")
     block_size: int = _p("02_pivot_mining", 1, "1: any token (exact resume anywhere); 16: the paper's paged-cache filter")
