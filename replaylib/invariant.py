@@ -64,8 +64,11 @@ def run(params: Params, out_dir=None) -> dict:
         if group.empty:
             continue
         jobs = build_jobs(group, trunks_df[trunks_df.problem_id == pid], params.k)
-        verified = {r: True for r in state[pid]}  # in memory: the state is the decode-time one
-        records += replay_problem(engine, jobs, group, state[pid], verified, problems[pid].gold, params,
+        if state is None:  # vLLM: the trunks' KV lives in its prefix cache; make it resident again
+            resident, verified = engine.problem_state(None, pid, trunks_df)
+        else:  # transformers: the decode-time state, still in memory
+            resident, verified = state[pid], {r: True for r in state[pid]}
+        records += replay_problem(engine, jobs, group, resident, verified, problems[pid].gold, params,
                                   max_tokens=params.invariant_max_cont_tokens)
     records = pd.DataFrame(records)
     records["config"] = f"{params.config} (invariant)"

@@ -1,6 +1,7 @@
 """Command line report of per-pivot records (PROTOCOL.md section 4).
 
     python -m replaylib.report --records FILE [FILE ...] --json OUT.json
+    python -m replaylib.report --verify runs/<config>
 
 Loads each records file (published JSON, or this package's .parquet / .jsonl), pools
 them (deduplicating on problem_id, rollout, abs_pos, first kept), writes
@@ -12,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from replaylib import records, stats
@@ -31,8 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--records", nargs="+", metavar="FILE",
                       help="records files (.json published schema, .parquet, .jsonl), pooled")
-    # Further modes are added here, to this mutually exclusive group
-    # (planned: --verify RUN_DIR, implemented elsewhere; see main()).
+    mode.add_argument("--verify", metavar="RUN_DIR",
+                      help="re-check a run's output hashes against its stage manifests (runs/<config>)")
     p.add_argument("--json", metavar="OUT.json", help="write the summary here (indent 2)")
     p.add_argument("--keep-flagged", action="store_true",
                    help="keep records with exact_ok == False (excluded by default)")
@@ -40,18 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def write_json_atomic(obj, path) -> None:
-    """Write JSON to a temporary file beside ``path``, then rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(obj, fh, indent=2, allow_nan=False)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write JSON (no NaN) to a temporary file beside ``path``, then rename it into place."""
+    from replaylib.rundir import atomic_write_bytes
+    atomic_write_bytes(Path(path), (json.dumps(obj, indent=2, allow_nan=False) + "\n").encode())
 
 
 def records_summary(files, exclude_flagged: bool = True) -> dict:
@@ -103,7 +93,15 @@ def main(argv=None) -> int:
             if args.json:
                 write_json_atomic(summary, args.json)
             print(human_summary(summary))
-        # elif args.verify is not None:  -> the --verify RUN_DIR mode goes here.
+        else:
+            from replaylib.rundir import verify_run
+            problems = verify_run(args.verify)
+            for line in problems:
+                print(line)
+            if problems:
+                print(f"report: {len(problems)} problem(s) in {args.verify}", file=sys.stderr)
+                return 1
+            print(f"{args.verify}: every finished stage's outputs match their manifests")
     except (ValueError, OSError) as e:
         msg = " ".join(str(e).split())
         print(f"report: error: {msg}", file=sys.stderr)

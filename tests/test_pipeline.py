@@ -5,7 +5,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from replaylib import params, rundir

@@ -1,0 +1,370 @@
+"""The vLLM engine (vLLM 0.22.1 on a CUDA GPU): the paper's own setup.
+
+Written against the vLLM 0.22.1 wheel's source (vllm/entrypoints/llm.py, vllm/outputs.py,
+vllm/sampling_params.py, vllm/logprobs.py, vllm/v1/sample/sampler.py,
+vllm/v1/core/block_pool.py, vllm/v1/metrics/); where this file relies on a detail of
+that source, the comment names it.
+
+- One offline engine inside this process (VLLM_ENABLE_V1_MULTIPROCESSING=0: with the
+  engine in a child process it hung on the H200), bf16, prefix caching on, seed 0.
+  VLLM_USE_FLASHINFER_SAMPLER=0 avoids a sampler kernel build that needs nvcc.
+- Prompts are token ids ({"prompt_token_ids": ids}), never re-tokenised text.
+- Logprobs are the raw distribution (before temperature and top-p): logprobs_mode
+  "raw_logprobs", set explicitly (also 0.22.1's default, vllm/config/model.py).
+- The trunk's decode-time KV exists only as blocks in vLLM's prefix cache, in this
+  process: sample_trunks returns no state. The replay process re-establishes it per
+  problem (problem_state): reset the prefix cache, regenerate the problem's trunks with
+  the identical requests (same batch, seeds, settings; sampling also resets before every
+  problem, so both runs see the same fresh cache) and compare token ids and logprobs
+  with the saved trunks. The blocks are then resident.
+- exact passes send `prompt + generated[:i] + [forced]` and the prefix cache serves the
+  trunk's full blocks; the last partial block (the pivot's block) is prefilled, so the
+  resume is exact to floor(abs_pos / block) * block tokens, as in the paper. Each
+  request's num_cached_tokens is checked against that floor.
+- refeed resets the prefix cache first (abort if the reset reports failure, which would
+  silently make it a third exact pass) and runs the identical batch.
+- Eviction guard: the prefix pool evicts the least recently freed cached blocks first
+  (free queue of vllm/v1/core/block_pool.py: allocation pops its head, freed blocks go to
+  its tail). The trunk blocks are the last freed after the regeneration, so they
+  survive while the blocks allocated since then stay below num_gpu_blocks - 1 - (trunk
+  blocks). Each exact call is sized against that bound (an upper bound: no sharing,
+  every continuation at max_tokens); work that does not fit is split into calls, and
+  the trunks are re-established before a call that would overrun the bound. The
+  num_cached_tokens check then catches anything the bound missed.
+- Preemptions: 0.22.1 exposes no per-request count (RequestOutput has none); the
+  Prometheus counter vllm:num_preemptions (LLM.get_metrics(), stats logging on) is read
+  around every generate call. Preemptions during a regeneration mark that problem's
+  rollouts non-identical; during an exact pass they mark its pivots not verified (a
+  preempted request recomputes part of its state); all counts are logged and kept in
+  `preemptions` and PivotOutput.resume.
+- Stop at answer is not implemented here: continuations run to EOS or max_tokens, as in
+  the paper (settings.stop_at_answer is ignored). Grading takes the last answer in the
+  text, so a model that writes a second answer after its first is graded on the second.
+- Batch-invariant mode: VLLM_BATCH_INVARIANT=1 must be set before vLLM is imported, and
+  the attention backend is params.invariant_attention_backend (TRITON_ATTN; FA3 is not
+  invariant between prefill and decode, see shared/gpu/README.md).
+- vLLM cannot compare the first post-pivot step with the trunk's own
+  (first_step_exact is None).
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+import os
+import sys
+
+from .engine import ARMS, EngineUnavailable, PassSettings, PivotJob, PivotOutput, Trunk, trunk_seed
+
+log = logging.getLogger("replaylib")
+
+LOGPROBS_MODE = "raw_logprobs"
+
+
+def unavailable_message(config: str, what: str) -> str:
+    return (f"config '{config}': engine 'vllm' needs {what}; on a CUDA machine install it "
+            f"(pip install -e '.[vllm]'), or set engine: hf")
+
+
+def prepare_environment(invariant: bool, config: str = "?") -> None:
+    """Environment vLLM reads at import time; refuses a process whose vLLM has the wrong mode."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    flag = os.environ.get("VLLM_BATCH_INVARIANT", "0") not in ("", "0")
+    if invariant and not flag:
+        if "vllm" in sys.modules:
+            raise RuntimeError(f"config '{config}': batch-invariant mode needs VLLM_BATCH_INVARIANT=1 before vLLM is "
+                               f"imported, and this process imported vLLM without it; run the stage in a fresh "
+                               f"process (its own notebook kernel)")
+        os.environ["VLLM_BATCH_INVARIANT"] = "1"
+    elif not invariant and flag:
+        raise RuntimeError(f"config '{config}': VLLM_BATCH_INVARIANT=1 is set in this process, but this stage "
+                           f"measures the stock engine; unset it (only the batch-invariant stage sets it)")
+
+
+def blocks(n_tokens: int, block_size: int) -> int:
+    return -(-n_tokens // block_size)
+
+
+def cache_floor(abs_pos: int, block_size: int) -> int:
+    """Tokens an exact resume must find cached: the full blocks before the pivot's block."""
+    return (abs_pos // block_size) * block_size
+
+
+def topk_of(step_logprobs: dict, k: int) -> tuple[list[int], list[float]]:
+    """The top-k (ids, logprobs) of one step, best first, without vLLM's extra sampled-token entry.
+
+    vLLM 0.22.1 returns {sampled token, top-1..top-k} (vllm/logprobs.py
+    append_logprobs_for_next_position): the top-k carry ranks 1..k; the sampled token,
+    when outside the top-k, carries its vocabulary rank, counted with >= (ties included,
+    vllm/v1/sample/ops/logprobs.py), so it is always above k.
+    """
+    entries = sorted(step_logprobs.items(),
+                     key=lambda kv: (kv[1].rank if kv[1].rank is not None else math.inf, -kv[1].logprob))
+    entries = entries[:k]
+    return [int(t) for t, _ in entries], [float(lp.logprob) for _, lp in entries]
+
+
+def _ints(x) -> list[int]:
+    return [int(v) for v in x]
+
+
+class VLLMEngine:
+    name = "vllm"
+
+    def __init__(self, llm, sampling_params_cls, model: str = "", dtype: str = "bfloat16", invariant: bool = False,
+                 attention_backend: str = "", version: str = "", config: str = "?",
+                 trunk_settings: dict | None = None):
+        """Wrap an existing vllm.LLM (or a stand-in with the same methods, for tests)."""
+        self.llm, self.SamplingParams = llm, sampling_params_cls
+        self.model_path, self.dtype_name, self.invariant = model, dtype, invariant
+        self.attention_backend, self.version, self.config = attention_backend, version, config
+        cache_config = llm.llm_engine.vllm_config.cache_config
+        self.block_size = int(cache_config.block_size)
+        total = getattr(cache_config, "num_gpu_blocks", None)  # set by the engine core after profiling
+        self.num_blocks = int(total) - 1 if total else None  # one block is vLLM's null block
+        self.tok = llm.get_tokenizer()
+        eos = [self.tok.eos_token_id]
+        try:
+            gen_eos = llm.llm_engine.model_config.try_get_generation_config().get("eos_token_id")
+        except AttributeError:
+            gen_eos = None
+        eos += gen_eos if isinstance(gen_eos, list) else [gen_eos]
+        self.stop_ids = {int(i) for i in eos if i is not None}
+        self.special_ids = {int(i) for i in getattr(self.tok, "all_special_ids", [])} | self.stop_ids
+        self.trunk_settings = trunk_settings  # temperature, top_p, max_new_tokens, top_logprobs
+        self.epoch = 0  # prefix-cache resets so far
+        self.preemptions: dict[str, int] = {}
+
+    @classmethod
+    def from_params(cls, params, invariant: bool = False) -> "VLLMEngine":
+        if importlib.util.find_spec("vllm") is None:
+            raise EngineUnavailable(unavailable_message(params.config, "vLLM 0.22.1 and a CUDA GPU"))
+        import torch
+        if not torch.cuda.is_available():
+            raise EngineUnavailable(unavailable_message(params.config, "a CUDA GPU and this machine has none"))
+        if params.device == "cpu":
+            raise EngineUnavailable(f"config '{params.config}': engine 'vllm' runs on CUDA only, but device is cpu; "
+                                    f"set device: cuda, or engine: hf")
+        prepare_environment(invariant, params.config)
+        import vllm
+        from .models import resolve_model
+        model = resolve_model(params.model)
+        backend = params.invariant_attention_backend if invariant else params.attention_backend
+        kwargs = dict(model=model, dtype=params.dtype, enable_prefix_caching=True,
+                      gpu_memory_utilization=params.gpu_memory_utilization, max_model_len=params.max_model_len,
+                      seed=0, enforce_eager=params.enforce_eager, logprobs_mode=LOGPROBS_MODE,
+                      disable_log_stats=False)  # stats on: the preemption counter (LLM.get_metrics)
+        if backend:
+            kwargs["attention_config"] = {"backend": backend}
+        llm = vllm.LLM(**kwargs)
+        engine = cls(llm, vllm.SamplingParams, model=model, dtype=params.dtype, invariant=invariant,
+                     attention_backend=backend, version=vllm.__version__, config=params.config,
+                     trunk_settings={"temperature": params.temperature, "top_p": params.top_p,
+                                     "max_new_tokens": params.max_trunk_tokens, "top_logprobs": params.top_logprobs})
+        if params.block_size > 1 and params.block_size != engine.block_size:
+            log.warning("config %s: pivots are mined at block_size %d, but the engine's KV blocks hold %d tokens",
+                        params.config, params.block_size, engine.block_size)
+        return engine
+
+    def describe(self) -> dict:
+        return {"engine": "vllm", "model": self.model_path, "device": "cuda", "dtype": self.dtype_name,
+                "block_size": self.block_size, "num_gpu_blocks": self.num_blocks,
+                "attention_backend": self.attention_backend or "auto", "batch_invariant": self.invariant,
+                "invariant": self.invariant, "logprobs_mode": LOGPROBS_MODE, "vllm": self.version}
+
+    # ---------------------------------------------------------------- text
+    def prompt_ids(self, question: str, instruction: str) -> list[int]:
+        ids = self.tok.apply_chat_template([{"role": "user", "content": question + instruction}],
+                                           add_generation_prompt=True, tokenize=True)
+        return _ints(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=True)
+
+    # ---------------------------------------------------------------- engine calls
+    def _reset(self, why: str) -> None:
+        ok = self.llm.reset_prefix_cache()
+        self.epoch += 1
+        if ok is False:
+            raise RuntimeError(f"config '{self.config}': vLLM refused to reset its prefix cache ({why}): some blocks "
+                               f"are still in use; the run stops rather than measure a stale cache")
+
+    def _preemption_count(self) -> int | None:
+        try:
+            metrics = self.llm.get_metrics()
+        except (AttributeError, AssertionError):  # a stand-in, or stats logging off
+            return None
+        return int(sum(getattr(m, "value", 0) for m in metrics if m.name == "vllm:num_preemptions"))
+
+    def _generate(self, prompts: list[list[int]], params: list, label: str):
+        """One llm.generate call; returns (outputs in request order, preemptions during it or None)."""
+        before = self._preemption_count()
+        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+        after = self._preemption_count()
+        if len(outs) != len(prompts):
+            raise RuntimeError(f"vLLM returned {len(outs)} outputs for {len(prompts)} requests ({label})")
+        n = None if before is None or after is None else after - before
+        if n:
+            self.preemptions[label] = self.preemptions.get(label, 0) + n
+            log.warning("vLLM preempted %d requests during %s (KV cache too small for the batch)", n, label)
+        return outs, n
+
+    # ---------------------------------------------------------------- trunks
+    def _trunk_requests(self, pid: int, prompt: list[int], seeds: list[tuple[int, int]], s: dict):
+        """Sample one problem's trunks (rollout, seed) on a freshly reset prefix cache."""
+        self._reset(f"trunks of problem {pid}")
+        params = [self.SamplingParams(temperature=s["temperature"], top_p=s["top_p"], max_tokens=s["max_new_tokens"],
+                                      logprobs=s["top_logprobs"], seed=seed, detokenize=False) for _, seed in seeds]
+        outs, preempted = self._generate([prompt] * len(seeds), params, f"trunks of problem {pid}")
+        trunks = []
+        for (r, seed), out in zip(seeds, outs):
+            comp = out.outputs[0]
+            top = [topk_of(step, s["top_logprobs"]) for step in comp.logprobs]
+            gen = _ints(comp.token_ids)
+            finish = "eos" if comp.finish_reason == "stop" or (gen and gen[-1] in self.stop_ids) else "length"
+            trunks.append(Trunk(pid, r, seed, list(prompt), gen, [t[0] for t in top], [t[1] for t in top], finish))
+        return trunks, preempted
+
+    def sample_trunks(self, prompts: dict[int, list[int]], n_rollouts: int, seeds: dict, temperature: float,
+                      top_p: float, max_new_tokens: int, top_logprobs: int, stop_at_answer: bool = False):
+        """Trunks for several problems, one generate call per problem (the batch problem_state
+        regenerates); returns (trunks by problem, None): the KV stays in this process."""
+        self.trunk_settings = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens,
+                               "top_logprobs": top_logprobs}
+        trunks = {}
+        for pid, prompt in prompts.items():
+            trunks[pid], _ = self._trunk_requests(pid, prompt, [(r, seeds[(pid, r)]) for r in range(n_rollouts)],
+                                                  self.trunk_settings)
+        return trunks, None
+
+    def problem_state(self, sampling_dir, problem_id: int, trunks) -> tuple[dict, dict]:
+        """Make this problem's trunk blocks resident: reset, regenerate, compare with the saved trunks.
+
+        trunks: the sampling stage's trunk table (columns problem_id, rollout, seed, prompt_ids,
+        gen_ids, topk_ids, topk_logprobs); sampling_dir is unused (nothing is saved on disk).
+        Returns (state handle, {rollout: regenerated trunk identical to the saved one}).
+        """
+        if self.trunk_settings is None:
+            raise ValueError("the trunks' sampling settings are unknown; build the engine with from_params")
+        rows = trunks[trunks.problem_id == problem_id].sort_values("rollout")
+        saved = {}
+        for t in rows.itertuples(index=False):
+            seed = int(t.seed) if hasattr(t, "seed") else trunk_seed(problem_id, int(t.rollout))
+            saved[int(t.rollout)] = {"seed": seed, "prompt_ids": _ints(t.prompt_ids), "gen_ids": _ints(t.gen_ids),
+                                     "topk_ids": [_ints(s) for s in t.topk_ids],
+                                     "topk_logprobs": [[float(v) for v in s] for s in t.topk_logprobs]}
+        prompts = {tuple(s["prompt_ids"]) for s in saved.values()}
+        if len(prompts) != 1:
+            raise ValueError(f"problem {problem_id}: its trunks do not share one prompt")
+        state = {"problem_id": problem_id, "prompt_ids": saved[min(saved)]["prompt_ids"], "saved": saved,
+                 "trunk_blocks": sum(blocks(len(s["prompt_ids"]) + len(s["gen_ids"]), self.block_size)
+                                     for s in saved.values())}
+        self._establish(state)
+        return state, dict(state["identical"])
+
+    def _establish(self, state: dict) -> None:
+        saved = state["saved"]
+        regen, preempted = self._trunk_requests(state["problem_id"], state["prompt_ids"],
+                                                [(r, s["seed"]) for r, s in sorted(saved.items())], self.trunk_settings)
+        state["identical"] = {t.rollout: bool(not preempted and t.gen_ids == saved[t.rollout]["gen_ids"]
+                                              and t.topk_ids == saved[t.rollout]["topk_ids"]
+                                              and t.topk_logprobs == saved[t.rollout]["topk_logprobs"])
+                              for t in regen}
+        state["epoch"], state["allocated"] = self.epoch, 0
+        state["established"] = state.get("established", 0) + 1
+        bad = sorted(r for r, ok in state["identical"].items() if not ok)
+        if bad:
+            log.warning("problem %d: regenerated trunks differ from the saved ones for rollouts %s; their pivots "
+                        "are flagged", state["problem_id"], bad)
+
+    # ---------------------------------------------------------------- passes
+    def job_blocks(self, job: PivotJob, settings: PassSettings) -> int:
+        """Upper bound on the KV blocks one pivot's requests allocate beyond the cached trunk blocks."""
+        cached = job.abs_pos // self.block_size
+        lengths = [settings.max_tokens] * settings.k + [settings.probe_tokens]
+        return len(ARMS) * sum(blocks(job.abs_pos + 1 + n, self.block_size) - cached for n in lengths)
+
+    def _split(self, jobs: list[PivotJob], settings: PassSettings, state: dict) -> list[list[PivotJob]]:
+        """Jobs in calls whose allocations keep the trunk blocks out of reach of eviction."""
+        if self.num_blocks is None:  # the engine did not say: one call, the cache check still verifies
+            return [jobs]
+        budget = self.num_blocks - state["trunk_blocks"]
+        chunks, used = [[]], 0
+        for job in jobs:
+            need = self.job_blocks(job, settings)
+            if need > budget:
+                raise RuntimeError(f"config '{self.config}': one pivot needs up to {need} KV blocks beside the "
+                                   f"{state['trunk_blocks']} trunk blocks, but the engine has {self.num_blocks}; "
+                                   f"raise gpu_memory_utilization or lower max_cont_tokens / k")
+            if chunks[-1] and used + need > budget:
+                chunks.append([])
+                used = 0
+            chunks[-1].append(job)
+            used += need
+        return chunks
+
+    def _sampling(self, settings: PassSettings, seed: int):
+        if settings.temperature > 0:
+            return self.SamplingParams(temperature=settings.temperature, top_p=settings.top_p,
+                                       max_tokens=settings.max_tokens, seed=seed, detokenize=False)
+        return self.SamplingParams(temperature=0.0, max_tokens=settings.max_tokens, detokenize=False)
+
+    def run_pass(self, jobs: list[PivotJob], pass_name: str, settings: PassSettings, state: dict | None,
+                 tok_text=None) -> list[PivotOutput]:
+        """One pass over pivot jobs: exact* resumes the resident trunk blocks; refeed resets first."""
+        exact = pass_name.startswith("exact")
+        if not jobs:
+            return []
+        if exact:
+            if state is None:
+                raise ValueError(f"pass {pass_name}: call problem_state first (the trunk blocks must be resident)")
+            chunks = self._split(jobs, settings, state)
+        else:
+            self._reset(f"{pass_name} pass")  # a failed reset would make this a third exact pass
+            chunks = [jobs]
+        outputs = []
+        for chunk in chunks:
+            if exact:
+                need = sum(self.job_blocks(j, settings) for j in chunk)
+                over = self.num_blocks is not None and state["allocated"] + need > self.num_blocks - state["trunk_blocks"]
+                if state["epoch"] != self.epoch or over:  # reset since, or the pool could evict the trunks
+                    self._establish(state)
+                state["allocated"] += need
+            outputs += self._run(chunk, pass_name, settings, state if exact else None)
+        return outputs
+
+    def _run(self, jobs: list[PivotJob], pass_name: str, settings: PassSettings, state: dict | None):
+        """All requests of these jobs in one generate call, mapped back to pivot and arm."""
+        layout, prompts, params = [], [], []
+        for j, job in enumerate(jobs):
+            for arm in ARMS:
+                ids = job.prefix_ids(arm)
+                for k in range(settings.k):
+                    layout.append((j, arm, k))
+                    prompts.append(ids)
+                    params.append(self._sampling(settings, job.seeds[arm][k]))
+                layout.append((j, arm, "probe"))
+                prompts.append(ids)
+                params.append(self.SamplingParams(temperature=0.0, max_tokens=settings.probe_tokens, logprobs=1,
+                                                  detokenize=False))
+        outs, preempted = self._generate(prompts, params, f"{pass_name} pass")
+        per_job = [{"conts": {a: [] for a in ARMS}, "probe": {}, "lp": {}, "cached": []} for _ in jobs]
+        for (j, arm, kind), out in zip(layout, outs):
+            comp, rec = out.outputs[0], per_job[j]
+            rec["cached"].append(int(out.num_cached_tokens or 0))
+            if kind == "probe":
+                ids = _ints(comp.token_ids)
+                rec["probe"][arm] = ids
+                rec["lp"][arm] = float(comp.logprobs[0][ids[0]].logprob)
+            else:
+                rec["conts"][arm].append(_ints(comp.token_ids))
+        results = []
+        for job, rec in zip(jobs, per_job):
+            resume = {"min_cached_tokens": min(rec["cached"]), "first_step_exact": None, "preemptions": preempted}
+            if state is not None:
+                hit = all(c >= cache_floor(job.abs_pos, self.block_size) for c in rec["cached"])
+                resume["cache_hit"] = hit
+                resume["state_ok"] = bool(hit and not preempted and state["identical"].get(job.rollout, False))
+            results.append(PivotOutput(job.pivot_id, rec["conts"], rec["probe"], rec["lp"], resume))
+        return results

@@ -1,0 +1,354 @@
+"""The vLLM engine's logic against a stand-in LLM (no GPU, no vLLM): requests, cache checks,
+trunk identity, refeed resets, pass orchestration, and the errors when vLLM cannot run."""
+import hashlib
+import importlib.util
+import os
+import random
+import sys
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from replaylib import engine_vllm, params
+from replaylib.engine import ARMS, EngineUnavailable, PassSettings, PivotJob, continuation_seed, make_engine, trunk_seed
+from replaylib.engine_vllm import VLLMEngine, cache_floor, prepare_environment, topk_of
+
+VOCAB, EOS, STOP2 = 40, 2, 3
+TRUNK = {"temperature": 0.7, "top_p": 0.95, "max_new_tokens": 24, "top_logprobs": 3}
+
+
+# ---------------------------------------------------------------- the stand-in
+class FakeSP:
+    """Stands in for vllm.SamplingParams: keeps what it was given."""
+
+    def __init__(self, temperature=1.0, top_p=1.0, max_tokens=16, logprobs=None, seed=None, detokenize=True):
+        self.temperature, self.top_p, self.max_tokens = temperature, top_p, max_tokens
+        self.logprobs, self.seed, self.detokenize = logprobs, seed, detokenize
+
+
+class Logprob(SimpleNamespace):
+    pass
+
+
+def _h(*parts) -> int:
+    return int.from_bytes(hashlib.sha256("|".join(map(str, parts)).encode()).digest()[:8], "little")
+
+
+def complete(ids, sp):
+    """The stand-in model: a deterministic function of (context, seed, settings), vLLM-shaped logprobs."""
+    ctx, tokens, logprobs, finish = list(ids), [], [], "length"
+    for _ in range(sp.max_tokens):
+        h = _h(*ctx[-3:])
+        top = random.Random(h).sample(range(4, VOCAB), 6)
+        if h % 11 == 0:
+            top[0] = EOS
+        lps = [-0.2 - 0.45 * i - (h % 7) / 100 for i in range(6)]
+        pick = 0 if sp.temperature == 0 else random.Random(_h(sp.seed, len(ctx))).randrange(3)
+        t = top[pick]
+        tokens.append(t)
+        if sp.logprobs:
+            # as vllm/logprobs.py: the sampled token first (its vocabulary rank), then ranks 1..k
+            step = {t: Logprob(logprob=lps[pick], rank=pick + 1)}
+            step.update({top[i]: Logprob(logprob=lps[i], rank=i + 1) for i in range(sp.logprobs)})
+            logprobs.append(step)
+        ctx.append(t)
+        if t in (EOS, STOP2):
+            finish = "stop"
+            break
+    return tokens, (logprobs if sp.logprobs else None), finish
+
+
+class FakeTokenizer:
+    eos_token_id = EOS
+    all_special_ids = [0, 1, EOS]
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
+        return [0] + [4 + ord(c) % 30 for c in messages[0]["content"][:22]] + [1]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(str(i) for i in ids if i not in self.all_special_ids)
+
+
+class FakeLLM:
+    """The vllm.LLM methods the engine uses, with a prefix cache of full blocks."""
+
+    def __init__(self, block_size=4, num_gpu_blocks=None, reset_ok=True):
+        cache_config = SimpleNamespace(block_size=block_size, num_gpu_blocks=num_gpu_blocks)
+        self.llm_engine = SimpleNamespace(
+            vllm_config=SimpleNamespace(cache_config=cache_config),
+            model_config=SimpleNamespace(try_get_generation_config=lambda: {"eos_token_id": [EOS, STOP2]}))
+        self.bs, self.reset_ok, self.cached = block_size, reset_ok, set()
+        self.events, self.calls = [], []
+        self.preempt_per_call, self.preempted = 0, 0
+        self.force_cached = None
+
+    def get_tokenizer(self):
+        return FakeTokenizer()
+
+    def reset_prefix_cache(self):
+        self.events.append("reset")
+        if self.reset_ok:
+            self.cached.clear()
+        return self.reset_ok
+
+    def get_metrics(self):
+        return [SimpleNamespace(name="vllm:num_preemptions", labels={}, value=self.preempted)]
+
+    def generate(self, prompts, sampling_params, use_tqdm=True):
+        self.events.append("generate")
+        self.calls.append((prompts, sampling_params))
+        self.preempted += self.preempt_per_call
+        return [self._one(p["prompt_token_ids"], sp) for p, sp in zip(prompts, sampling_params)]
+
+    def _one(self, ids, sp):
+        n = 0  # cached full blocks; the last prompt token is always computed
+        while (n + 1) * self.bs <= len(ids) - 1 and tuple(ids[:(n + 1) * self.bs]) in self.cached:
+            n += 1
+        tokens, logprobs, finish = complete(ids, sp)
+        fed = list(ids) + tokens[:-1]
+        self.cached |= {tuple(fed[:m * self.bs]) for m in range(1, len(fed) // self.bs + 1)}
+        comp = SimpleNamespace(token_ids=tokens, logprobs=logprobs, finish_reason=finish)
+        cached = n * self.bs if self.force_cached is None else self.force_cached
+        return SimpleNamespace(outputs=[comp], num_cached_tokens=cached)
+
+
+# ---------------------------------------------------------------- helpers
+def make(fake=None):
+    fake = fake or FakeLLM()
+    return VLLMEngine(fake, FakeSP, model="fake", config="test", trunk_settings=dict(TRUNK)), fake
+
+
+def sample(engine, pids=(0, 1), n=3):
+    prompts = {pid: engine.prompt_ids(f"question {pid} with some words", "\ninstruction") for pid in pids}
+    seeds = {(pid, r): trunk_seed(pid, r) for pid in pids for r in range(n)}
+    trunks, state = engine.sample_trunks(prompts, n, seeds, TRUNK["temperature"], TRUNK["top_p"],
+                                         TRUNK["max_new_tokens"], TRUNK["top_logprobs"])
+    return trunks, state, prompts, seeds
+
+
+def table(trunks):
+    return pd.DataFrame([{"problem_id": t.problem_id, "rollout": t.rollout, "seed": t.seed, "prompt_ids": t.prompt_ids,
+                          "gen_ids": t.gen_ids, "topk_ids": t.topk_ids, "topk_logprobs": t.topk_logprobs}
+                         for ts in trunks.values() for t in ts])
+
+
+def jobs_for(trunks, pid, k, positions=(5, 9)):
+    jobs = []
+    for t in trunks[pid]:
+        for i in positions:
+            if i >= len(t.gen_ids):
+                continue
+            alt = next(x for x in t.topk_ids[i] if x != t.gen_ids[i])
+            abs_pos = len(t.prompt_ids) + i
+            jobs.append(PivotJob(len(jobs), pid, t.rollout, i, t.prompt_ids, t.gen_ids[:i],
+                                 {"actual": t.gen_ids[i], "alt": alt},
+                                 {a: [continuation_seed(pid, t.rollout, abs_pos, a, j) for j in range(k)]
+                                  for a in ARMS}))
+    assert jobs
+    return jobs
+
+
+SETTINGS = PassSettings(k=2, temperature=0.7, top_p=0.95, max_tokens=10, probe_tokens=4, stop_at_answer=False,
+                        task="gsm8k")
+
+
+@pytest.fixture
+def replay_setup():
+    engine, fake = make()
+    trunks, _, _, _ = sample(engine)
+    df = table(trunks)
+    state, identical = engine.problem_state(None, 0, df)
+    return engine, fake, trunks, df, state, identical
+
+
+# ---------------------------------------------------------------- tests
+def test_topk_drops_the_extra_sampled_entry_and_sorts_best_first():
+    step = {9: Logprob(logprob=-3.0, rank=7), 4: Logprob(logprob=-0.5, rank=2), 5: Logprob(logprob=-0.1, rank=1),
+            6: Logprob(logprob=-0.9, rank=3)}
+    assert topk_of(step, 3) == ([5, 4, 6], [-0.1, -0.5, -0.9])
+    assert topk_of(step, 2) == ([5, 4], [-0.1, -0.5])
+
+
+def test_trunk_requests_are_token_ids_with_per_rollout_seeds_on_a_fresh_cache():
+    engine, fake = make()
+    trunks, state, prompts, seeds = sample(engine)
+    assert state is None  # the KV never leaves the process
+    assert fake.events == ["reset", "generate", "reset", "generate"]  # one call per problem, fresh cache each
+    for (reqs, sps), pid in zip(fake.calls, prompts):
+        assert reqs == [{"prompt_token_ids": prompts[pid]}] * 3
+        assert [sp.seed for sp in sps] == [seeds[(pid, r)] for r in range(3)]
+        assert {(sp.temperature, sp.top_p, sp.max_tokens, sp.logprobs) for sp in sps} == {(0.7, 0.95, 24, 3)}
+    for pid, ts in trunks.items():
+        for t in ts:
+            ref, _, finish = complete(prompts[pid], FakeSP(0.7, 0.95, 24, 3, t.seed))
+            assert t.gen_ids == ref and t.prompt_ids == prompts[pid]
+            assert t.finish_reason == {"stop": "eos", "length": "length"}[finish]
+            assert all(len(ids) == 3 and lps == sorted(lps, reverse=True)
+                       for ids, lps in zip(t.topk_ids, t.topk_logprobs))
+    assert engine.stop_ids == {EOS, STOP2} and {0, 1} <= engine.special_ids
+    info = engine.describe()
+    assert info["engine"] == "vllm" and info["block_size"] == 4 and info["batch_invariant"] is False
+
+
+def test_trunk_identity_identical_one_token_differs_one_logprob_differs():
+    engine, fake = make()
+    trunks, _, _, _ = sample(engine)
+    df = table(trunks)
+    state, identical = engine.problem_state(None, 1, df)
+    assert identical == {0: True, 1: True, 2: True}
+    assert fake.events[-2:] == ["reset", "generate"]  # regenerated on a fresh cache: the blocks are resident
+    token = df.copy()
+    row = token.index[(token.problem_id == 1) & (token.rollout == 1)][0]
+    gen = list(token.at[row, "gen_ids"])
+    gen[3] = gen[3] + 1
+    token.at[row, "gen_ids"] = gen
+    assert engine.problem_state(None, 1, token)[1] == {0: True, 1: False, 2: True}
+    logp = df.copy()
+    row = logp.index[(logp.problem_id == 1) & (logp.rollout == 2)][0]
+    lps = [list(s) for s in logp.at[row, "topk_logprobs"]]
+    lps[4][1] = lps[4][1] + 1e-7
+    logp.at[row, "topk_logprobs"] = lps
+    assert engine.problem_state(None, 1, logp)[1] == {0: True, 1: True, 2: False}
+    no_seed = df.drop(columns=["seed"])  # the invariant stage's table: seeds are the trunk hash
+    assert all(engine.problem_state(None, 0, no_seed)[1].values())
+
+
+def test_exact_pass_builds_one_call_of_token_id_requests_and_maps_outputs_back(replay_setup):
+    engine, fake, trunks, _, state, _ = replay_setup
+    jobs = jobs_for(trunks, 0, SETTINGS.k)
+    n_calls = len(fake.calls)
+    outs = engine.run_pass(jobs, "exact1", SETTINGS, state)
+    assert len(fake.calls) == n_calls + 1  # every job of the call in one generate
+    reqs, sps = fake.calls[-1]
+    assert len(reqs) == len(jobs) * 2 * (SETTINGS.k + 1)
+    i = 0
+    for job, out in zip(jobs, outs):
+        assert out.pivot_id == job.pivot_id
+        for arm in ARMS:
+            for k in range(SETTINGS.k):
+                assert reqs[i] == {"prompt_token_ids": job.prefix_ids(arm)}
+                sp = sps[i]
+                assert (sp.seed, sp.temperature, sp.top_p, sp.max_tokens) == (job.seeds[arm][k], 0.7, 0.95, 10)
+                assert out.continuations[arm][k] == complete(job.prefix_ids(arm), sp)[0]
+                i += 1
+            probe = sps[i]
+            assert reqs[i] == {"prompt_token_ids": job.prefix_ids(arm)}
+            assert (probe.temperature, probe.max_tokens, probe.logprobs) == (0.0, 4, 1)
+            tokens, lps, _ = complete(job.prefix_ids(arm), probe)
+            assert out.probe_ids[arm] == tokens
+            assert out.probe_first_logprob[arm] == lps[0][tokens[0]].logprob
+            i += 1
+        assert out.resume["state_ok"] is True and out.resume["first_step_exact"] is None
+        assert out.resume["min_cached_tokens"] >= cache_floor(job.abs_pos, 4)
+    again = engine.run_pass(jobs, "exact2", SETTINGS, state)
+    assert [(o.continuations, o.probe_ids, o.probe_first_logprob) for o in again] == \
+           [(o.continuations, o.probe_ids, o.probe_first_logprob) for o in outs]
+
+
+def test_greedy_continuations_have_no_seed(replay_setup):
+    engine, fake, trunks, _, state, _ = replay_setup
+    greedy = PassSettings(k=1, temperature=0.0, top_p=0.95, max_tokens=6, probe_tokens=3, stop_at_answer=False,
+                          task="gsm8k")
+    engine.run_pass(jobs_for(trunks, 0, 1), "exact1", greedy, state)
+    assert {(sp.temperature, sp.seed) for sp in fake.calls[-1][1]} == {(0.0, None)}
+
+
+def test_cache_check_hit_and_miss_at_the_block_floor(replay_setup):
+    engine, fake, trunks, _, state, _ = replay_setup
+    assert cache_floor(33, 16) == 32 and cache_floor(32, 16) == 32 and cache_floor(15, 16) == 0
+    job = jobs_for(trunks, 0, SETTINGS.k, positions=(9,))[:1]
+    floor = cache_floor(job[0].abs_pos, 4)
+    fake.force_cached = floor
+    hit = engine.run_pass(job, "exact1", SETTINGS, state)[0].resume
+    fake.force_cached = floor - 1
+    miss = engine.run_pass(job, "exact1", SETTINGS, state)[0].resume
+    assert (hit["state_ok"], hit["min_cached_tokens"]) == (True, floor)
+    assert (miss["state_ok"], miss["cache_hit"], miss["min_cached_tokens"]) == (False, False, floor - 1)
+    fake.force_cached = None
+    fake.cached.clear()  # the trunk blocks evicted behind the engine's back
+    assert not any(o.resume["state_ok"] for o in engine.run_pass(job, "exact1", SETTINGS, state))
+
+
+def test_refeed_resets_first_and_aborts_when_the_reset_fails(replay_setup):
+    engine, fake, trunks, _, state, _ = replay_setup
+    jobs = jobs_for(trunks, 0, SETTINGS.k)
+    exact = engine.run_pass(jobs, "exact1", SETTINGS, state)
+    fake.events.clear()
+    refeed = engine.run_pass(jobs, "refeed", SETTINGS, state)
+    assert fake.events == ["reset", "generate"]
+    assert "state_ok" not in refeed[0].resume
+    assert [o.probe_ids for o in refeed] == [o.probe_ids for o in exact]  # the stand-in is deterministic
+    # an exact pass after a refeed re-establishes the trunk blocks first
+    fake.events.clear()
+    after = engine.run_pass(jobs, "exact2", SETTINGS, state)
+    assert fake.events == ["reset", "generate", "generate"] and all(o.resume["state_ok"] for o in after)
+    fake.reset_ok = False
+    fake.events.clear()
+    with pytest.raises(RuntimeError, match="refused to reset its prefix cache"):
+        engine.run_pass(jobs, "refeed", SETTINGS, state)
+    assert "generate" not in fake.events
+
+
+def test_work_is_split_to_keep_the_trunk_blocks_from_eviction():
+    engine, fake = make(FakeLLM(num_gpu_blocks=10_000))
+    trunks, _, _, _ = sample(engine)
+    state, _ = engine.problem_state(None, 0, table(trunks))
+    jobs = jobs_for(trunks, 0, SETTINGS.k)
+    largest = max(engine.job_blocks(j, SETTINGS) for j in jobs)
+    engine.num_blocks = state["trunk_blocks"] + largest + 1  # room for one pivot's work at a time
+    fake.events.clear()
+    outs = engine.run_pass(jobs, "exact1", SETTINGS, state)
+    assert fake.events.count("generate") > 1 and [o.pivot_id for o in outs] == [j.pivot_id for j in jobs]
+    assert "reset" in fake.events  # the trunks were re-established between calls
+    assert all(o.resume["state_ok"] for o in outs)
+    engine.num_blocks = state["trunk_blocks"] + largest - 1
+    with pytest.raises(RuntimeError, match="raise gpu_memory_utilization"):
+        engine.run_pass(jobs, "exact1", SETTINGS, state)
+
+
+def test_preemptions_flag_the_pass_and_the_regeneration(replay_setup):
+    engine, fake, trunks, df, state, _ = replay_setup
+    fake.preempt_per_call = 2
+    outs = engine.run_pass(jobs_for(trunks, 0, SETTINGS.k), "exact1", SETTINGS, state)
+    assert all(o.resume["preemptions"] == 2 and o.resume["state_ok"] is False for o in outs)
+    assert not any(engine.problem_state(None, 0, df)[1].values())
+    assert engine.preemptions["exact1 pass"] == 2
+
+
+def test_make_engine_without_vllm_is_a_one_line_error():
+    if "vllm" in sys.modules or importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    p = params.make({"engine": "vllm", "config": "gpu-test"})
+    with pytest.raises(EngineUnavailable) as e:
+        make_engine(p)
+    msg = str(e.value)
+    assert "\n" not in msg and "gpu-test" in msg and "pip install -e '.[vllm]'" in msg and "engine: hf" in msg
+    with pytest.raises(EngineUnavailable, match="vLLM 0.22.1"):
+        VLLMEngine.from_params(p)
+
+
+def test_no_cuda_gpu_is_a_one_line_error(monkeypatch):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    monkeypatch.setattr(engine_vllm.importlib.util, "find_spec", lambda name: object())
+    with pytest.raises(EngineUnavailable) as e:
+        VLLMEngine.from_params(params.make({"engine": "vllm", "config": "gpu-test"}))
+    assert "\n" not in str(e.value) and "CUDA GPU" in str(e.value) and "engine: hf" in str(e.value)
+
+
+def test_batch_invariant_flag_must_precede_the_vllm_import(monkeypatch):
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace())
+    with pytest.raises(RuntimeError, match="before vLLM is imported"):
+        prepare_environment(True, "c")
+    monkeypatch.delitem(sys.modules, "vllm")
+    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_FLASHINFER_SAMPLER"):
+        monkeypatch.delenv(name, raising=False)
+    prepare_environment(True, "c")
+    assert os.environ["VLLM_BATCH_INVARIANT"] == "1"
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert os.environ["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    with pytest.raises(RuntimeError, match="stock engine"):
+        prepare_environment(False, "c")
