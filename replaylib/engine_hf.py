@@ -35,26 +35,38 @@ def position_uniform(seed: int, position: int) -> float:
 
 
 def choose_tokens(logits: torch.Tensor, temperature: list[float], top_p: list[float], uniforms: list[float]) -> list[int]:
-    """Greedy where temperature is 0, else inverse-CDF sampling of the top-p nucleus with the given uniforms."""
+    """Greedy where temperature is 0, else inverse-CDF sampling of the top-p nucleus with the given uniforms.
+
+    Probabilities of the top candidates come from one log-sum-exp over the vocabulary; the
+    nucleus is searched among the candidates, with a full sort when it is wider.
+    """
     out = logits.argmax(dim=-1).tolist()
     rows = [b for b, t in enumerate(temperature) if t > 0]
     if not rows:
         return out
-    idx = torch.tensor(rows)
-    temps = torch.tensor([temperature[b] for b in rows], dtype=torch.float32)[:, None]
-    probs = torch.softmax(logits[idx].float() / temps, dim=-1)
-    n_cand = min(NUCLEUS_CANDIDATES, probs.shape[-1])
-    cand_p, cand_i = probs.topk(n_cand, dim=-1)  # sorted, descending
+    sub = logits if len(rows) == len(temperature) else logits[torch.tensor(rows)]
+    inv_t = torch.tensor([1.0 / temperature[b] for b in rows], dtype=torch.float32)[:, None]
+    scaled = sub * inv_t
+    log_z = torch.logsumexp(scaled, dim=-1, keepdim=True)
+    n_cand = min(NUCLEUS_CANDIDATES, logits.shape[-1])
+    cand_s, cand_i = scaled.topk(n_cand, dim=-1)  # sorted, descending
+    cand_p = torch.exp(cand_s - log_z)
     for j, b in enumerate(rows):
         p, ids = cand_p[j], cand_i[j]
         if float(p.sum()) < top_p[b]:  # nucleus wider than the candidates: sort everything
-            p, ids = torch.sort(probs[j], descending=True, stable=True)
+            p, ids = torch.sort(torch.exp(scaled[j] - log_z[j]), descending=True, stable=True)
         cum = torch.cumsum(p, dim=0)
         keep = int(((cum - p) < top_p[b]).sum())
         kept = cum[:keep]
         pick = int(torch.searchsorted(kept, uniforms[b] * float(kept[-1]), right=True).clamp(max=keep - 1))
         out[b] = int(ids[pick])
     return out
+
+
+def raw_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k raw logprobs (log-softmax before temperature and top-p) and their token ids."""
+    values, ids = logits.topk(k, dim=-1)
+    return values - torch.logsumexp(logits, dim=-1, keepdim=True), ids
 
 
 class _Fp32AccumulateLinear(torch.nn.Module):
@@ -111,7 +123,8 @@ class HFEngine:
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype),
                                                           attn_implementation="sdpa").to(self.device).eval()
         self.linear_kernel = "native"
-        if self.device.type == "cpu" and dtype == "bfloat16" and not _cpu_has_native_bf16():
+        # invariant mode multiplies one row at a time, where native bf16 is the faster kernel
+        if self.device.type == "cpu" and dtype == "bfloat16" and not invariant and not _cpu_has_native_bf16():
             self._swap_linears()
             self.linear_kernel = "fp32-accumulate"
         eos = self.model.generation_config.eos_token_id
@@ -201,7 +214,7 @@ class HFEngine:
         pos = list(next_pos)
         while active:
             if rows.topk:
-                lp, ix = torch.log_softmax(logits, dim=-1).topk(rows.topk, dim=-1)
+                lp, ix = raw_topk(logits, rows.topk)
             chosen = choose_tokens(logits, [rows.temperature[b] for b in active], [rows.top_p[b] for b in active],
                                    [position_uniform(rows.seeds[b], pos[b]) if rows.temperature[b] > 0 else 0.0
                                     for b in active])
@@ -388,12 +401,11 @@ class HFEngine:
                      topk=5, stop_at_answer=settings.stop_at_answer, prefix_text=texts)
         # probes never stop at the answer: they are a fixed-length logprob channel
         first_lp = torch.log_softmax(logits, dim=-1)
-        first_topk = first_lp.topk(5, dim=-1)
+        first_values, first_ids = raw_topk(logits, 5)
         tokens, _, _, _, _ = self._decode(logits, cache, mask, [jobs[j].abs_pos + 1 for j in row_job], rows)
         return {"tokens": tokens,
                 "first_lp": [first_lp[r] for r in range(len(row_job))],
-                "first_topk": [(first_topk.indices[r].tolist(), first_topk.values[r].tolist())
-                               for r in range(len(row_job))]}
+                "first_topk": [(first_ids[r].tolist(), first_values[r].tolist()) for r in range(len(row_job))]}
 
     def _collect(self, job: PivotJob, layout, part, settings) -> PivotOutput:
         conts, probe_ids, probe_lp = {a: [] for a in ARMS}, {}, {}

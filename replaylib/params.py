@@ -20,7 +20,7 @@ UPSTREAM = {
     "01_sampling": [],
     "02_pivot_mining": ["01_sampling"],
     "03_three_pass_replay": ["01_sampling", "02_pivot_mining"],
-    "04_statistics": ["03_three_pass_replay"],
+    "04_statistics": ["03_three_pass_replay", "05_batch_invariant"],
     "05_batch_invariant": ["01_sampling", "02_pivot_mining", "03_three_pass_replay"],
 }
 # stages whose files a stage reads (05 reruns the passes itself; 04 on published records reads none)
@@ -28,9 +28,11 @@ DATA_UPSTREAM = {
     "01_sampling": [],
     "02_pivot_mining": ["01_sampling"],
     "03_three_pass_replay": ["01_sampling", "02_pivot_mining"],
-    "04_statistics": ["03_three_pass_replay"],
+    "04_statistics": ["03_three_pass_replay", "05_batch_invariant"],
     "05_batch_invariant": ["01_sampling"],
 }
+# the order stages run in: statistics summarise the batch-invariant confirmation too
+RUN_ORDER = ["01_sampling", "02_pivot_mining", "03_three_pass_replay", "05_batch_invariant", "04_statistics"]
 BOXED_INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 PAPER_INSTRUCTION = ("\n\nReason step by step. End your response with one final line in exactly this "
                      "format:\nAnswer: <number>")
@@ -84,6 +86,7 @@ class Params:
     boundary_slack: int = _p("02_pivot_mining", 2, "with block_size above 1, abs_pos mod block_size must be at most this")
     max_pivots_per_rollout: int = _p("02_pivot_mining", 2, "earliest pivots first")
     min_rollout_tokens: int = _p("02_pivot_mining", 16, "rollouts shorter than this are skipped")
+    pivot_window: int = _p("02_pivot_mining", 96, "only pivots among the last N generated tokens (0: anywhere)")
     # --- 03 three-pass replay
     k: int = _p("03_three_pass_replay", 4, "sampled continuations per arm")
     cont_temperature: float = _p("03_three_pass_replay", 0.7, "continuation temperature (0 for greedy)")
@@ -97,9 +100,9 @@ class Params:
     bootstrap_draws: int = _p("04_statistics", 2000, "bootstrap resamples of problems for the CIs")
     # --- 05 batch-invariant confirmation
     invariant_problems: int = _p("05_batch_invariant", 1, "problems (the first sampled ones) rerun in invariant mode")
-    invariant_rollouts: int = _p("05_batch_invariant", 2, "trunks per problem in invariant mode")
+    invariant_rollouts: int = _p("05_batch_invariant", 1, "trunks per problem in invariant mode")
     invariant_pivots: int = _p("05_batch_invariant", 2, "pivots per problem (earliest) replayed in invariant mode")
-    invariant_max_cont_tokens: int = _p("05_batch_invariant", 32, "continuation limit in invariant mode")
+    invariant_max_cont_tokens: int = _p("05_batch_invariant", 24, "continuation limit in invariant mode")
 
     # ------------------------------------------------------------------
     @classmethod

@@ -6,6 +6,8 @@ threshold. The paper's paged-cache engine also needs the pivot's absolute positi
 filter, since this package's engine resumes at any token. The alternative is the most
 likely top-k token other than the sampled one; pivots whose alternative (or sampled
 token) is EOS or special are skipped; at most P per rollout, earliest first.
+`pivot_window` (not in the paper) keeps only pivots among a trunk's last N tokens, so that
+short continuations of a scaled-down run can still reach the answer.
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ def mine(trunks: pd.DataFrame, params: Params, special_ids: set[int]) -> pd.Data
         for i, (ids, lps) in enumerate(zip(trunk.topk_ids, trunk.topk_logprobs)):
             ids, lps = list(ids), list(lps)
             if len(lps) < 2 or lps[0] - lps[1] >= params.margin_threshold:
+                continue
+            if params.pivot_window and i < len(gen) - params.pivot_window:
                 continue
             abs_pos = prompt_len + i
             if params.block_size > 1 and abs_pos % params.block_size > params.boundary_slack:

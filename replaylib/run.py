@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from .params import STAGES, Params, load
+from .params import RUN_ORDER, STAGES, Params, load
 from .rundir import REPO, atomic_write_json, is_done, out_root
 
 ALIASES = {"sampling": "01_sampling", "pivots": "02_pivot_mining", "pivot_mining": "02_pivot_mining",
@@ -93,7 +93,7 @@ def plan(params: Params, named: list[str], force: bool, out_dir) -> list[tuple[s
 
     for stage in wanted:
         need(stage, True)
-    return [(s, todo[s]) for s in STAGES if s in todo]
+    return [(s, todo[s]) for s in RUN_ORDER if s in todo]
 
 
 def execute(params: Params, stage: str, out_dir) -> Path:

@@ -167,6 +167,8 @@ class StageDir:
             raise OSError(f"{self.path}: run directory not writable ({e.strerror}); fix permissions "
                           f"or set REPLAYLIB_OUT") from None
         (self.path / "DONE").unlink(missing_ok=True)
+        for stale in self.path.rglob(".*.tmp"):  # half-written files of a killed run
+            stale.unlink(missing_ok=True)
         recorded = self.path / "params.json"
         if recorded.exists() and json.loads(recorded.read_text()).get("key") != self.key:
             # results of other parameters must not be mixed with these (per-problem shards)

@@ -472,7 +472,8 @@ def row_meta(label: str, df: pd.DataFrame | None = None) -> dict:
         temp = c.get("cont_temp")
         meta.update(model=c.get("model", "-"), k=c.get("k", "-"),
                     cont_temp=c.get("temperature", "-") if temp is None else temp,
-                    problems=str(sum(x.get("problems", 0) for x in configs)))
+                    problems=str(sum(x.get("problems", 0) for x in configs)),
+                    batch_invariant=bool(c.get("batch_invariant", False)))
     return meta
 
 
@@ -732,10 +733,11 @@ def run(params, out_dir=None) -> dict:
         main = rows["main pooled"]
     else:
         main = replay.load(params, out_dir)
-        main.attrs["configs"] = {params.config: {"model": params.model, "k": params.k,
-                                                 "cont_temp": params.cont_temperature,
-                                                 "problems": int(main.problem_id.nunique())}}
-        rows = {params.config: main}
+        invariant = rec.load_records(stage.upstream("05_batch_invariant") / "records.parquet")
+        for df, label, inv in [(main, params.config, False), (invariant, f"{params.config} batch-invariant", True)]:
+            df.attrs["configs"] = {label: {"model": params.model, "k": params.k, "cont_temp": params.cont_temperature,
+                                           "problems": int(df.problem_id.nunique()), "batch_invariant": inv}}
+        rows = {params.config: main, f"{params.config} batch-invariant": invariant}
     tdir, fdir = tables_dir(params.config, out_dir), figures_dir(params.config, out_dir)
     products = write_tables(rows, tdir, n_boot=params.bootstrap_draws)
     for name, (fig, _) in {"fig1_quadrants": plotting.fig1_quadrants(main),

@@ -2,7 +2,7 @@
 import torch
 
 from replaylib.engine import ARMS, PassSettings, PivotJob, continuation_seed, stable_seed, trunk_seed
-from replaylib.engine_hf import choose_tokens, load_state, position_uniform, save_state, state_digest
+from replaylib.engine_hf import choose_tokens, load_state, position_uniform, raw_topk, save_state, state_digest
 
 QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have now?"
 INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -65,10 +65,10 @@ def test_resume_at_the_same_batch_shape_reproduces_decode_logits_bit_for_bit(tin
         [torch.stack([state[r][1][layer, :, :length] for r in rows]) for layer in range(state[0][0].shape[0])])
     feed = torch.tensor([[trunks[r].gen_ids[i]] for r in rows])
     logits, _ = tiny_engine._forward(feed, torch.full((len(trunks), 1), length), cache, None)
-    top = torch.log_softmax(logits, -1).topk(5)
+    values, ids = raw_topk(logits, 5)
     for r in rows:
-        assert top.indices[r].tolist() == trunks[r].topk_ids[i + 1]
-        assert top.values[r].tolist() == trunks[r].topk_logprobs[i + 1]  # exact float equality
+        assert ids[r].tolist() == trunks[r].topk_ids[i + 1]
+        assert values[r].tolist() == trunks[r].topk_logprobs[i + 1]  # exact float equality
 
 
 def test_resumed_trunks_regenerate_themselves(tiny_engine):
@@ -98,7 +98,8 @@ def test_refeed_is_a_different_computation(tiny_engine):
     differ = 0
     for i in range(1, len(trunk.gen_ids) - 1):
         logits, *_ = tiny_engine._prefill([trunk.prompt_ids + trunk.gen_ids[:i + 1]])
-        differ += torch.log_softmax(logits, -1)[0].topk(5).values.tolist() != trunk.topk_logprobs[i + 1]
+        same_step = raw_topk(logits, 5)[0][0].tolist() == trunk.topk_logprobs[i + 1]
+        differ += not same_step
     assert differ > 0  # prefill rounds differently from the decode steps that made the trunk
 
 

@@ -59,3 +59,8 @@ def test_pivots_carry_the_trunks_correctness_and_ids():
     got = run([trunk([0.1] * 5, correct=0, rollout=2), trunk([0.1] * 5, rollout=3)], max_pivots_per_rollout=1)
     assert got.pivot_id.tolist() == [0, 1]
     assert got.rollout.tolist() == [2, 3] and got.rollout_correct.tolist() == [0, 1]
+
+
+def test_pivot_window_keeps_only_the_trunks_last_tokens():
+    got = run([trunk([0.1] * 20)], pivot_window=5)
+    assert got.gen_index.tolist() == [15, 16, 17, 18, 19]

@@ -117,7 +117,8 @@ percentage points, eligibility sources, the problem-clustered t, McNemar's z, th
 A_refeed - A_exact1, margin buckets, critical-token Jaccard, the greedy-probe channel and the
 cache instrumentation; beyond the paper, problem-bootstrap CIs and a statsmodels cross-check.
 `records: published` computes them from the paper authors' seven runs (data/paper-records) and
-regenerates Table 1 and Figures 1-3; `records: run` from this configuration's replay.
+regenerates Table 1 and Figures 1-3; `records: run` from this configuration's replay, with its
+batch-invariant confirmation (stage 5) as a second row, as in the paper.
 
 Writes `tables/<config>/tab*.{csv,md,tex}`, `figures/<config>/fig*.{pdf,png}` and
 `runs/<config>/04_statistics/summary.json`."""),

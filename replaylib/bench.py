@@ -1,0 +1,542 @@
+"""Benchmark: the replay of a fixed workload, this package's engine against a naive baseline.
+
+    python -m replaylib.bench --device cpu|cuda [--workload small|paper|tiny] [--check-invariant]
+
+A workload fixes the model, the problems, the trunks (sampled by the engine itself with
+the seeds of replaylib.engine.trunk_seed), the pivots (replaylib.pivots.mine with a fixed
+Params), K and the lengths. On the same machine, in the same process and on the same
+model object (same dtype, same linear kernel) it then replays every pivot's requests
+(per arm: K sampled continuations and one greedy probe, prompt = job.prefix_ids(arm)):
+
+  ours   HFEngine.run_pass(jobs, "refeed", ...): the re-feed pass, the apples-to-apples
+         comparison with a re-feeding pipeline: both arms prefilled once, K + 1 rows per
+         arm decoded in one batch, rows leaving at EOS / answer.
+  naive  model.generate(...) one request at a time, as a typical credit pipeline does:
+         every request re-feeds its whole prefix (on the slow CPU workload: the requests
+         of the first `naive_pivots` pivots; rates are compared, not totals).
+
+Both are graded (replaylib.replay.estimate) and write their records (parquet), and for
+both the benchmark prints generated continuation tokens/s (continuations + probes, over
+the phase's wall time), pivots/minute, peak memory, and the time split (prefill, decode,
+grading, I/O, other). Its last line is
+
+    speedup_vs_naive=<ratio> tokens_per_s=<ours> naive_tokens_per_s=<theirs>
+
+With --check-invariant (default on for the tiny workload) it also loads the engine in
+invariant mode and asserts that the fast path (run_pass, which memoizes each arm's
+prefill and assembles the rows' KV state) equals a deliberately slow reference (each row
+prefilled and decoded alone through _prefill / _decode), record by record: continuation
+token ids, probe token ids, probe first-token logprobs (bit for bit). A mismatch exits 1.
+
+The dtype stays what the workload says (bf16): speed comes from the engine, never from
+changing the numerics being measured.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import platform
+import resource
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from .data import load_problems
+from .engine import ARMS, PassSettings, PivotOutput, trunk_seed
+from .params import BOXED_INSTRUCTION, make
+
+LAST_LINE = "speedup_vs_naive={ratio:.3f} tokens_per_s={ours:.2f} naive_tokens_per_s={naive:.2f}"
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    model: str
+    problems: tuple  # GSM8K test problem ids
+    n_rollouts: int
+    max_trunk_tokens: int
+    max_pivots_per_rollout: int
+    pivot_window: int
+    k: int
+    max_cont_tokens: int
+    probe_tokens: int
+    stop_at_answer: bool
+    max_batch_rows: int
+    naive_pivots: int  # 0: all pivots
+    check_pivots: int  # pivots of the invariant check
+    check_max_tokens: int  # continuation limit of the invariant check
+    check_default: bool
+    dtype: str = "bfloat16"
+    temperature: float = 0.7
+    top_p: float = 0.95
+    margin_threshold: float = 1.0
+    block_size: int = 1
+
+
+EMBEDDED = "embedded:qwen2.5-coder-0.5b-instruct"
+WORKLOADS = {
+    # seconds, for the tests: the tiny random-weight model
+    "tiny": Workload("tiny", "tiny:0", (1,), 2, 40, 1, 0, 4, 16, 8, True, 64,
+                     naive_pivots=0, check_pivots=2, check_max_tokens=8, check_default=True),
+    # the embedded configuration's shape (params/embedded.yaml), within 10 minutes on 2 CPU cores
+    "small": Workload("small", EMBEDDED, (0, 1), 1, 320, 2, 96, 4, 128, 32, True, 64,
+                      naive_pivots=1, check_pivots=1, check_max_tokens=8, check_default=False),
+    # the paper's sizes (K=4, 400-token continuations, pivots anywhere, no early stop), for the GPU
+    "paper": Workload("paper", EMBEDDED, tuple(range(8)), 2, 512, 5, 0, 4, 400, 32, False, 320,
+                      naive_pivots=2, check_pivots=2, check_max_tokens=32, check_default=False),
+}
+
+
+# ---------------------------------------------------------------- measurement helpers
+class Clock:
+    """Accumulating wall-clock timers; on CUDA every reading is synchronized."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.t: dict[str, float] = {}
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def add(self, key: str, seconds: float):
+        self.t[key] = self.t.get(key, 0.0) + seconds
+
+    def wrap(self, obj, name: str, key: str):
+        """Time every call of obj.name (an instance attribute shadows the method); returns an undo."""
+        orig = getattr(obj, name)
+
+        def timed(*args, **kwargs):
+            t0 = self.now()
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                self.add(key, self.now() - t0)
+        setattr(obj, name, timed)
+        return lambda: delattr(obj, name)
+
+
+class PeakMemory:
+    """Peak memory of one phase. CUDA: max_memory_allocated. CPU: the process's peak RSS
+    (VmHWM) after resetting it through /proc/self/clear_refs; where that is impossible, the
+    process-lifetime peak from getrusage (then labelled so)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.peak_bytes, self.start_bytes, self.label = device, 0, 0, ""
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.start_bytes = torch.cuda.memory_allocated()
+            self.label = "GPU max_memory_allocated"
+        else:
+            self.start_bytes = _proc_status("VmRSS")
+            try:
+                Path("/proc/self/clear_refs").write_text("5")
+                self.label = "CPU peak RSS"
+            except OSError:
+                self.label = "CPU peak RSS of the process so far"
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            self.peak_bytes = torch.cuda.max_memory_allocated()
+        elif self.label == "CPU peak RSS":
+            self.peak_bytes = _proc_status("VmHWM")
+        else:
+            self.peak_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return False
+
+
+def _proc_status(field: str) -> int:
+    """A memory field of /proc/self/status in bytes (VmRSS: now, VmHWM: peak); getrusage's peak elsewhere."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+@dataclass
+class PhaseResult:
+    name: str
+    pivots: int
+    requests: int
+    tokens: int
+    seconds: float
+    split: dict
+    peak_bytes: int
+    start_bytes: int
+    peak_label: str
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def pivots_per_min(self) -> float:
+        return 60.0 * self.pivots / self.seconds if self.seconds > 0 else 0.0
+
+
+# ---------------------------------------------------------------- workload
+def build_workload(engine, wl: Workload, log=print):
+    """Trunks (engine-sampled, fixed seeds), pivots (fixed Params) and pivot jobs."""
+    from . import pivots as pivot_stage
+    from .grading import grade
+    from .replay import build_jobs
+    problems = {p.problem_id: p for p in load_problems("gsm8k")}
+    prompts = {pid: engine.prompt_ids(problems[pid].question, BOXED_INSTRUCTION) for pid in wl.problems}
+    seeds = {(pid, r): trunk_seed(pid, r) for pid in wl.problems for r in range(wl.n_rollouts)}
+    trunks, _ = engine.sample_trunks(prompts, wl.n_rollouts, seeds, wl.temperature, wl.top_p,
+                                     wl.max_trunk_tokens, 5)
+    rows = [{"problem_id": pid, "rollout": t.rollout, "prompt_ids": t.prompt_ids, "gen_ids": t.gen_ids,
+             "topk_ids": t.topk_ids, "topk_logprobs": t.topk_logprobs,
+             "correct": grade(engine.decode(t.gen_ids), problems[pid].gold, "gsm8k")}
+            for pid in wl.problems for t in trunks[pid]]
+    trunks_df = pd.DataFrame(rows)
+    params = make({"config": f"bench-{wl.name}", "model": wl.model, "margin_threshold": wl.margin_threshold,
+                   "block_size": wl.block_size, "max_pivots_per_rollout": wl.max_pivots_per_rollout,
+                   "pivot_window": wl.pivot_window, "k": wl.k, "max_cont_tokens": wl.max_cont_tokens,
+                   "probe_tokens": wl.probe_tokens, "stop_at_answer": wl.stop_at_answer,
+                   "cont_temperature": wl.temperature, "cont_top_p": wl.top_p, "dtype": wl.dtype},
+                  where=f"bench workload {wl.name}")
+    pivots = pivot_stage.mine(trunks_df, params, engine.special_ids)
+    jobs, gold = [], {}
+    for pid in wl.problems:
+        group = pivots[pivots.problem_id == pid]
+        if len(group):
+            jobs += build_jobs(group, trunks_df[trunks_df.problem_id == pid], wl.k)
+        gold[pid] = problems[pid].gold
+    log(f"trunks: {len(rows)} ({', '.join(str(len(r['gen_ids'])) for r in rows)} tokens); "
+        f"pivots: {len(jobs)} (gen_index {', '.join(str(j.gen_index) for j in jobs)})")
+    return jobs, gold, params
+
+
+def pass_settings(wl: Workload, max_tokens: int | None = None) -> PassSettings:
+    return PassSettings(k=wl.k, temperature=wl.temperature, top_p=wl.top_p,
+                        max_tokens=max_tokens or wl.max_cont_tokens, probe_tokens=wl.probe_tokens,
+                        stop_at_answer=wl.stop_at_answer, task="gsm8k")
+
+
+def generated_tokens(out: PivotOutput) -> int:
+    return sum(len(c) for arm in ARMS for c in out.continuations[arm]) + sum(len(out.probe_ids[a]) for a in ARMS)
+
+
+def grade_and_write(engine, jobs, outs, gold, clock: Clock, out_dir: Path, tag: str):
+    """Grade every pivot (the A estimate) and write the records, timed as grading and I/O."""
+    from .replay import estimate
+    t0 = clock.now()
+    records = []
+    for job, out in zip(jobs, outs):
+        a, wins = estimate(job, out, gold[job.problem_id], "gsm8k", engine.decode)
+        records.append({"pivot_id": job.pivot_id, "problem_id": job.problem_id, "rollout": job.rollout,
+                        "abs_pos": job.abs_pos, "A": a, **{f"wins_{arm}": int(sum(wins[arm])) for arm in ARMS},
+                        "cont_tokens": sum(len(c) for arm in ARMS for c in out.continuations[arm]),
+                        "probe_ids": {arm: list(map(int, out.probe_ids[arm])) for arm in ARMS},
+                        "probe_first_logprob": {arm: float(out.probe_first_logprob[arm]) for arm in ARMS}})
+    t1 = clock.now()
+    clock.add("grading", t1 - t0)
+    frame = pd.DataFrame(records)
+    frame["probe_ids"] = frame["probe_ids"].map(str)
+    frame["probe_first_logprob"] = frame["probe_first_logprob"].map(str)
+    frame.to_parquet(out_dir / f"records_{tag}.parquet", index=False)
+    clock.add("io", clock.now() - t1)
+    return records
+
+
+# ---------------------------------------------------------------- (a) this package's engine
+def run_ours(engine, jobs, gold, settings: PassSettings, out_dir: Path) -> tuple[PhaseResult, list]:
+    clock = Clock(engine.device)
+    undo = [clock.wrap(engine, "_prefill", "prefill"), clock.wrap(engine, "_decode", "decode")]
+    try:
+        with PeakMemory(engine.device) as mem:
+            t0 = clock.now()
+            outs = engine.run_pass(jobs, "refeed", settings, None)
+            clock.add("pass", clock.now() - t0)
+            grade_and_write(engine, jobs, outs, gold, clock, out_dir, "ours")
+            total = clock.now() - t0
+    finally:
+        for u in undo:
+            u()
+    t = clock.t
+    split = {"prefill": t.get("prefill", 0.0), "decode": t.get("decode", 0.0), "grading": t["grading"],
+             "io": t["io"]}
+    split["other"] = max(0.0, total - sum(split.values()))  # KV assembly of the rows, first-step logprobs
+    return PhaseResult("ours", len(jobs), len(jobs) * 2 * (settings.k + 1), sum(generated_tokens(o) for o in outs),
+                       total, split, mem.peak_bytes, mem.start_bytes, mem.label), outs
+
+
+# ---------------------------------------------------------------- (b) naive: model.generate per request
+class _AnswerStop:
+    """Stop a batch-of-one generate once a final answer is complete (as the engine's stop_at_answer)."""
+
+    def __init__(self, engine, prefix_text: str, prompt_len: int):
+        from .grading import answer_complete
+        self.engine, self.text, self.start, self.seen = engine, prefix_text, len(prefix_text), prompt_len
+        self.answer_complete = answer_complete
+
+    def __call__(self, input_ids, scores, **kwargs):
+        new = input_ids[0, self.seen:].tolist()
+        self.seen = input_ids.shape[1]
+        for t in new:
+            self.text += self.engine.tok.decode([t])
+        done = self.answer_complete(self.text, self.start)
+        return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+
+
+def naive_pivot(engine, job, settings: PassSettings) -> PivotOutput:
+    """One pivot's requests, each through model.generate alone (the whole prefix re-fed every time)."""
+    from transformers import StoppingCriteriaList
+    conts, probe_ids, probe_lp = {a: [] for a in ARMS}, {}, {}
+    common = {"eos_token_id": sorted(engine.stop_ids), "pad_token_id": engine.pad_id,
+              "use_cache": True, "return_dict_in_generate": True}
+    for arm in ARMS:
+        prompt = job.prefix_ids(arm)
+        ids = torch.tensor([prompt], device=engine.device)
+        mask = torch.ones_like(ids)
+        prefix_text = engine.decode(job.gen_prefix + [job.forced[arm]]) if settings.stop_at_answer else None
+        for k in range(settings.k):
+            torch.manual_seed(job.seeds[arm][k])
+            stop = StoppingCriteriaList([_AnswerStop(engine, prefix_text, len(prompt))]) if prefix_text is not None \
+                else None
+            with torch.inference_mode():
+                out = engine.model.generate(input_ids=ids, attention_mask=mask, do_sample=True,
+                                            temperature=settings.temperature, top_p=settings.top_p, top_k=0,
+                                            max_new_tokens=settings.max_tokens, stopping_criteria=stop, **common)
+            conts[arm].append(out.sequences[0, len(prompt):].tolist())
+        with torch.inference_mode():
+            out = engine.model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                                        max_new_tokens=settings.probe_tokens, output_logits=True, **common)
+        probe = out.sequences[0, len(prompt):].tolist()
+        probe_ids[arm] = probe
+        probe_lp[arm] = float(torch.log_softmax(out.logits[0][0].float(), dim=-1)[probe[0]])
+    return PivotOutput(job.pivot_id, conts, probe_ids, probe_lp, {})
+
+
+def run_naive(engine, jobs, gold, settings: PassSettings, out_dir: Path) -> tuple[PhaseResult, list]:
+    clock = Clock(engine.device)
+    starts = []
+
+    def pre(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        starts.append((ids is not None and ids.shape[-1] > 1, clock.now()))
+
+    def post(module, args, kwargs, output):
+        is_prefill, t0 = starts.pop()
+        if is_prefill:
+            clock.add("prefill", clock.now() - t0)
+
+    hooks = [engine.model.register_forward_pre_hook(pre, with_kwargs=True),
+             engine.model.register_forward_hook(post, with_kwargs=True)]
+    try:
+        with PeakMemory(engine.device) as mem:
+            t0 = clock.now()
+            outs = []
+            for job in jobs:
+                outs.append(naive_pivot(engine, job, settings))
+            clock.add("generate", clock.now() - t0)
+            grade_and_write(engine, jobs, outs, gold, clock, out_dir, "naive")
+            total = clock.now() - t0
+    finally:
+        for h in hooks:
+            h.remove()
+    t = clock.t
+    split = {"prefill": t.get("prefill", 0.0), "decode": t["generate"] - t.get("prefill", 0.0),
+             "grading": t["grading"], "io": t["io"]}
+    split["other"] = max(0.0, total - sum(split.values()))
+    return PhaseResult("naive", len(jobs), len(jobs) * 2 * (settings.k + 1), sum(generated_tokens(o) for o in outs),
+                       total, split, mem.peak_bytes, mem.start_bytes, mem.label), outs
+
+
+# ---------------------------------------------------------------- exactness in invariant mode
+def reference_pivot(engine, job, settings: PassSettings) -> PivotOutput:
+    """The slow reference: every row prefilled from scratch and decoded alone (invariant engine)."""
+    from .engine_hf import _Rows
+    conts, probe_ids, probe_lp = {a: [] for a in ARMS}, {}, {}
+    for arm in ARMS:
+        text = engine.decode(job.gen_prefix + [job.forced[arm]]) if settings.stop_at_answer else None
+        for kind in [*range(settings.k), "probe"]:
+            greedy = kind == "probe"
+            logits, cache, mask, _ = engine._prefill([job.prefix_ids(arm)])
+            # the same row settings as HFEngine._run_rows gives every row (probes included)
+            rows = _Rows(seeds=[0 if greedy else job.seeds[arm][kind]],
+                         temperature=[0.0 if greedy else settings.temperature],
+                         top_p=[1.0 if greedy else settings.top_p],
+                         max_new=[settings.probe_tokens if greedy else settings.max_tokens],
+                         stop_at_answer=settings.stop_at_answer, prefix_text=None if text is None else [text])
+            tokens = engine._decode(logits, cache, mask, [job.abs_pos + 1], rows)[0][0]
+            if greedy:
+                probe_ids[arm] = tokens[:settings.probe_tokens]
+                probe_lp[arm] = float(torch.log_softmax(logits, dim=-1)[0, tokens[0]])
+            else:
+                conts[arm].append(tokens)
+    return PivotOutput(job.pivot_id, conts, probe_ids, probe_lp, {})
+
+
+def compare_outputs(fast: list[PivotOutput], slow: list[PivotOutput]) -> list[str]:
+    """Differences between two passes' records, one line each (empty: identical)."""
+    problems = []
+    if len(fast) != len(slow):
+        return [f"{len(fast)} fast records against {len(slow)} slow ones"]
+    for a, b in zip(fast, slow):
+        for arm in ARMS:
+            for k, (x, y) in enumerate(zip(a.continuations[arm], b.continuations[arm])):
+                if x != y:
+                    problems.append(f"pivot {a.pivot_id} {arm} continuation {k}: {x} != {y}")
+            if len(a.continuations[arm]) != len(b.continuations[arm]):
+                problems.append(f"pivot {a.pivot_id} {arm}: continuation counts differ")
+            if a.probe_ids[arm] != b.probe_ids[arm]:
+                problems.append(f"pivot {a.pivot_id} {arm} probe: {a.probe_ids[arm]} != {b.probe_ids[arm]}")
+            if a.probe_first_logprob[arm] != b.probe_first_logprob[arm]:
+                problems.append(f"pivot {a.pivot_id} {arm} probe logprob: {a.probe_first_logprob[arm]!r} != "
+                                f"{b.probe_first_logprob[arm]!r}")
+    return problems
+
+
+def check_invariant(model_path: str, wl: Workload, device: str, jobs, log=print) -> bool:
+    from .engine_hf import HFEngine
+    engine = HFEngine(model_path, device, wl.dtype, invariant=True)
+    chosen = jobs[:wl.check_pivots]
+    settings = pass_settings(wl, wl.check_max_tokens)
+    t0 = time.perf_counter()
+    fast = engine.run_pass(chosen, "refeed", settings, None)
+    t1 = time.perf_counter()
+    slow = [reference_pivot(engine, job, settings) for job in chosen]
+    t2 = time.perf_counter()
+    diffs = compare_outputs(fast, slow)
+    rows = len(chosen) * 2 * (settings.k + 1)
+    log(f"invariant check: {len(chosen)} pivots, {rows} rows, max_tokens {settings.max_tokens}, "
+        f"engine {engine.describe()['linear_kernel']} kernel; fast path {t1 - t0:.1f} s, "
+        f"slow reference {t2 - t1:.1f} s")
+    if diffs:
+        for line in diffs[:10]:
+            log(f"  MISMATCH {line}")
+        log(f"invariant check: FAILED ({len(diffs)} differences): the fast path's records differ from the "
+            f"slow reference's in invariant mode")
+        return False
+    log("invariant check: PASSED (continuation ids, probe ids and probe logprobs identical, bit for bit)")
+    return bool(chosen)
+
+
+# ---------------------------------------------------------------- report
+def _fmt_split(r: PhaseResult) -> list[str]:
+    return [f"{r.split[key]:8.2f} s {100 * r.split[key] / r.seconds if r.seconds else 0:5.1f}%"
+            for key in ("prefill", "decode", "grading", "io", "other")]
+
+
+def _mib(r: PhaseResult) -> str:
+    return f"{r.peak_bytes / 2**20:.0f} MiB (+{max(0, r.peak_bytes - r.start_bytes) / 2**20:.0f})"
+
+
+def report(ours: PhaseResult, naive: PhaseResult, log=print):
+    w = 26
+    rows = [("pivots", f"{ours.pivots}", f"{naive.pivots}"),
+            ("requests (K+1 per arm)", f"{ours.requests}", f"{naive.requests}"),
+            ("generated tokens", f"{ours.tokens}", f"{naive.tokens}"),
+            ("wall time", f"{ours.seconds:.2f} s", f"{naive.seconds:.2f} s"),
+            ("continuation tokens/s", f"{ours.tokens_per_s:.2f}", f"{naive.tokens_per_s:.2f}"),
+            ("pivots/minute", f"{ours.pivots_per_min:.2f}", f"{naive.pivots_per_min:.2f}"),
+            ("peak memory", _mib(ours), _mib(naive))]
+    log(f"{'':{w}} {'ours (HFEngine refeed)':>24} {'naive (generate x1)':>24}")
+    for name, a, b in rows:
+        log(f"{name:{w}} {a:>24} {b:>24}")
+    for key, a, b in zip(("prefill", "decode", "grading", "I/O", "other"), _fmt_split(ours), _fmt_split(naive)):
+        log(f"{'time: ' + key:{w}} {a:>24} {b:>24}")
+    log(f"peak memory: the {ours.peak_label} during each phase, model weights included "
+        f"(in brackets: above what was in use when the phase began)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m replaylib.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="small")
+    parser.add_argument("--model", help="override the workload's model spec (embedded:NAME, tiny:SEED, a directory)")
+    parser.add_argument("--naive-pivots", type=int, help="pivots given to the naive baseline (0: all)")
+    parser.add_argument("--check-invariant", action=argparse.BooleanOptionalAction, default=None,
+                        help="assert fast path == slow reference in invariant mode (default: on for tiny only)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own choice)")
+    parser.add_argument("--out", help="keep the records written by both phases in this directory")
+    args = parser.parse_args(argv)
+
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    from .engine_hf import HFEngine
+    from .models import resolve_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    wl = WORKLOADS[args.workload]
+    if args.model:
+        wl = dataclasses.replace(wl, model=args.model)
+    if args.naive_pivots is not None:
+        wl = dataclasses.replace(wl, naive_pivots=args.naive_pivots)
+    check = wl.check_default if args.check_invariant is None else args.check_invariant
+    log = lambda msg: print(msg, flush=True)
+
+    started = time.perf_counter()
+    log(f"replaylib bench: workload {wl.name}, device {args.device}, "
+        f"{datetime.datetime.now().astimezone().isoformat(timespec='seconds')}")
+    log(f"host: {platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads)"
+        + (f", {torch.cuda.get_device_name()}" if args.device == "cuda" and torch.cuda.is_available() else ""))
+    t0 = time.perf_counter()
+    try:
+        model_path = resolve_model(wl.model)
+        engine = HFEngine(model_path, args.device, wl.dtype, invariant=False, max_batch_rows=wl.max_batch_rows)
+    except (RuntimeError, ValueError, OSError) as e:
+        print(f"replaylib.bench: {e}", file=sys.stderr)
+        return 2
+    info = engine.describe()
+    log(f"model {wl.model} ({info['dtype']}, linear kernel {info['linear_kernel']}, attention {info['attention']}), "
+        f"loaded in {time.perf_counter() - t0:.1f} s")
+    settings = pass_settings(wl)
+    log(f"workload: GSM8K problems {list(wl.problems)}, {wl.n_rollouts} trunk(s) each (<= {wl.max_trunk_tokens} "
+        f"tokens), <= {wl.max_pivots_per_rollout} pivots per trunk (margin < {wl.margin_threshold}, block_size "
+        f"{wl.block_size}, pivot_window {wl.pivot_window}), K={wl.k}, continuations <= {wl.max_cont_tokens} tokens, "
+        f"probes {wl.probe_tokens} tokens, stop_at_answer {wl.stop_at_answer}, T={wl.temperature}, "
+        f"top_p={wl.top_p}, max_batch_rows {wl.max_batch_rows}")
+    t0 = time.perf_counter()
+    jobs, gold, _ = build_workload(engine, wl, log)
+    log(f"setup: trunks sampled and pivots mined in {time.perf_counter() - t0:.1f} s (not benchmarked)")
+    if not jobs:
+        log("no pivots in this workload; nothing to benchmark")
+        return 2
+    naive_jobs = jobs[:wl.naive_pivots] if wl.naive_pivots else jobs
+
+    with tempfile.TemporaryDirectory(prefix="replaylib-bench-") as tmp:
+        out_dir = Path(args.out) if args.out else Path(tmp)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        log(f"(a) ours: HFEngine.run_pass refeed over {len(jobs)} pivots ...")
+        ours, _ = run_ours(engine, jobs, gold, settings, out_dir)
+        log(f"    {ours.tokens} tokens in {ours.seconds:.1f} s")
+        log(f"(b) naive: model.generate one request at a time over {len(naive_jobs)} of the {len(jobs)} pivots ...")
+        naive, _ = run_naive(engine, naive_jobs, gold, settings, out_dir)
+        log(f"    {naive.tokens} tokens in {naive.seconds:.1f} s")
+
+    ok = True
+    if check:
+        del engine  # the invariant engine loads its own copy of the model
+        ok = check_invariant(model_path, wl, args.device, jobs, log)
+    else:
+        log("invariant check: not run (--check-invariant to run it)")
+    report(ours, naive, log)
+    log(f"total benchmark time {time.perf_counter() - started:.1f} s")
+    ratio = ours.tokens_per_s / naive.tokens_per_s if naive.tokens_per_s > 0 else float("inf")
+    log(LAST_LINE.format(ratio=ratio, ours=ours.tokens_per_s, naive=naive.tokens_per_s))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""The benchmark end to end on the tiny workload (tiny:0, seconds): report, last line, invariant check."""
+import re
+
+import pytest
+
+from replaylib import bench
+from replaylib.engine import ARMS, PivotOutput
+
+LAST = re.compile(r"^speedup_vs_naive=(\S+) tokens_per_s=(\S+) naive_tokens_per_s=(\S+)$")
+
+
+def test_tiny_workload_end_to_end(isolated_models, capsys):
+    assert bench.main(["--device", "cpu", "--workload", "tiny"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    match = LAST.match(lines[-1])
+    assert match, lines[-1]
+    ratio, ours, naive = map(float, match.groups())
+    assert ratio > 0 and ours > 0 and naive > 0
+    assert ratio == pytest.approx(ours / naive, rel=1e-2)
+    text = "\n".join(lines)
+    assert "invariant check: PASSED" in text
+    for label in ("continuation tokens/s", "pivots/minute", "peak memory", "time: prefill", "time: decode",
+                  "time: grading", "time: I/O"):
+        assert label in text
+
+
+def _out(conts, probe, lp):
+    return PivotOutput(0, {a: [list(c) for c in conts] for a in ARMS}, {a: list(probe) for a in ARMS},
+                       {a: lp for a in ARMS})
+
+
+def test_compare_outputs_finds_every_channel():
+    base = _out([[1, 2], [3]], [4, 5], -0.5)
+    assert bench.compare_outputs([base], [_out([[1, 2], [3]], [4, 5], -0.5)]) == []
+    assert bench.compare_outputs([base], [_out([[1, 2], [9]], [4, 5], -0.5)])
+    assert bench.compare_outputs([base], [_out([[1, 2], [3]], [4, 6], -0.5)])
+    assert bench.compare_outputs([base], [_out([[1, 2], [3]], [4, 5], -0.5 + 1e-7)])
+    assert bench.compare_outputs([base], [])
+
+
+def test_workloads_keep_the_configured_dtype_and_k():
+    for wl in bench.WORKLOADS.values():
+        assert wl.dtype == "bfloat16" and wl.k == 4
+    assert bench.WORKLOADS["paper"].max_cont_tokens == 400
+
+
+def test_a_mismatch_in_invariant_mode_exits_nonzero(isolated_models, monkeypatch, capsys):
+    real = bench.reference_pivot
+
+    def perturbed(engine, job, settings):
+        out = real(engine, job, settings)
+        out.probe_ids["alt"] = out.probe_ids["alt"][:-1] + [out.probe_ids["alt"][-1] + 1]
+        return out
+    monkeypatch.setattr(bench, "reference_pivot", perturbed)
+    assert bench.main(["--workload", "tiny", "--naive-pivots", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "invariant check: FAILED" in out and LAST.match(out.strip().splitlines()[-1])

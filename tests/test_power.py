@@ -1,0 +1,31 @@
+"""Power planning from the published records."""
+import numpy as np
+import pandas as pd
+
+from replaylib import power
+
+
+def test_clustered_t_matches_the_statistics_definition():
+    ref = np.array([[[1, 0, 1, 0], [1, 1, 0, 0], [0, 0, 0, 1]]], dtype=float)
+    flo = np.array([[[0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]]], dtype=float)
+    d = np.array([0.5, 0.25, 0.25])
+    assert np.isclose(power.clustered_t(ref, flo)[0], d.mean() / (d.std(ddof=1) / np.sqrt(3)))
+    assert power.clustered_t(flo, flo)[0] == 0.0  # zero spread: t = 0, as in the paper
+
+
+def test_power_grows_with_problems_and_with_the_effect():
+    rates = pd.DataFrame({"refeed": [0.4, 0.35, 0.5, 0.3], "floor": [0.2, 0.25, 0.3, 0.2]})
+    small = power.simulate(rates, 5, 10, draws=500)
+    large = power.simulate(rates, 40, 10, draws=500)
+    assert 0 <= small["power"] <= large["power"] <= 1 and large["power"] > 0.9
+    null = power.simulate(rates, 40, 10, excess_pp=0.0, draws=500)
+    assert null["power"] < 0.1 and abs(null["excess_pp"]) < 1e-9
+    shifted = power.simulate(rates, 10, 10, excess_pp=5.0, floor_pct=20.0, draws=200)
+    assert abs(shifted["floor_pct"] - 20.0) < 1e-6 and abs(shifted["excess_pp"] - 5.0) < 1e-6
+
+
+def test_plan_runs_on_the_published_records():
+    table = power.plan(problems=[20], pivots=[16], draws=300)
+    row = table.iloc[0]
+    assert row.pivots == 320 and row.power > 0.8  # the paper's effect is large at its own size
+    assert 15 < row.excess_pp < 25
