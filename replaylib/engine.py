@@ -50,6 +50,8 @@ class PivotJob:
     forced: dict  # arm -> token id placed at the pivot
     seeds: dict  # arm -> list of K seeds
     trunk_next: tuple | None = None  # the trunk's raw top-k (ids, logprobs) at gen_index + 1
+    trunk_rest: list | None = None  # the trunk's tokens after the pivot
+    trunk_seed: int | None = None  # the trunk's own sampling seed
 
     @property
     def abs_pos(self) -> int:
@@ -68,6 +70,9 @@ class PassSettings:
     probe_tokens: int
     stop_at_answer: bool
     task: str
+    verify_regeneration: bool = False  # exact passes also continue the actual arm with the trunk's seed
+    trunk_temperature: float = 0.7
+    trunk_top_p: float = 0.95
 
 
 @dataclass

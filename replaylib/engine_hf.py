@@ -207,7 +207,7 @@ class HFEngine:
         tokens = [[] for _ in range(n)]
         top_ids, top_lps = [[] for _ in range(n)], [[] for _ in range(n)]
         texts = list(rows.prefix_text) if rows.prefix_text else None
-        starts = [len(t) for t in texts] if texts else None
+        starts = [len(t) if t is not None else 0 for t in texts] if texts else None
         finish = ["length"] * n
         states = {}
         active = list(range(n))
@@ -228,7 +228,7 @@ class HFEngine:
                 done = None
                 if t in self.stop_ids:
                     done = "eos"
-                elif rows.stop_at_answer and texts is not None:
+                elif rows.stop_at_answer and texts is not None and texts[b] is not None:
                     texts[b] += self.tok.decode([t])
                     if answer_complete(texts[b], starts[b]):
                         done = "answer"
@@ -301,36 +301,48 @@ class HFEngine:
         return {r: (k.to(self.device), v.to(self.device)) for r, (k, v) in state.items()}, verified
 
     def run_pass(self, jobs: list[PivotJob], pass_name: str, settings: PassSettings, state: dict | None,
-                 tok_text=None) -> list[PivotOutput]:
-        """One pass over pivot jobs. exact*: resume `state` (rollout -> (keys, values)); refeed: prefill."""
-        exact = pass_name.startswith("exact")
-        if exact and state is None:
+                 ) -> list[PivotOutput]:
+        """One pass over pivot jobs.
+
+        exact*   resume the decode-time state (rollout -> (keys, values)) at the pivot token
+        refeed*  prefill prompt + prefix + forced token afresh (refeed2: a replica of refeed)
+        serial   refeed with every request alone (a batch of one), which separates "the prefix
+                 state was recomputed" from "the batch was composed differently"
+        block16  the paper's paged-cache resume: the saved state up to the last 16-token
+                 boundary, the rest of the prefix prefilled on top of it
+        """
+        kind = pass_kind(pass_name)
+        if kind in ("exact", "block") and state is None:
             raise ValueError(f"pass {pass_name}: the decode-time state of the trunks is needed")
-        rows_per_job = 2 * (settings.k + 1)
-        per_chunk = 1 if self.invariant else max(1, self.max_batch_rows // rows_per_job)
+        alone = self.invariant or kind == "serial"
+        rows_per_job = 2 * (settings.k + 1) + 1
+        per_chunk = 1 if alone else max(1, self.max_batch_rows // rows_per_job)
         outputs = []
         for start in range(0, len(jobs), per_chunk):
-            outputs += self._run_chunk(jobs[start:start + per_chunk], exact, settings, state)
+            outputs += self._run_chunk(jobs[start:start + per_chunk], kind, settings, state, alone)
         return outputs
 
-    def _row_layout(self, job: PivotJob, settings: PassSettings):
-        """Rows of one pivot: for each arm, K sampled continuations then the greedy probe."""
+    def _row_layout(self, job: PivotJob, settings: PassSettings, kind: str):
+        """Rows of one pivot: for each arm, K sampled continuations then the greedy probe; in
+        exact passes also the actual arm continued with the trunk's own seed ("regen")."""
         layout = []
         for arm in ARMS:
             layout += [(arm, k) for k in range(settings.k)] + [(arm, "probe")]
+        if kind == "exact" and settings.verify_regeneration and job.trunk_rest:
+            layout.append(("actual", "regen"))
         return layout
 
-    def _run_chunk(self, jobs, exact, settings, state):
-        layouts = [self._row_layout(j, settings) for j in jobs]
-        if self.invariant:  # every row alone; an arm's re-fed prefix is prefilled once and copied
+    def _run_chunk(self, jobs, kind, settings, state, alone):
+        layouts = [self._row_layout(j, settings, kind) for j in jobs]
+        if alone:  # every row alone; an arm's re-fed prefix is computed once and copied
             results = []
             for job, layout in zip(jobs, layouts):
                 memo = {}
-                per_row = [self._run_rows([job], [[row]], exact, settings, state, memo) for row in layout]
+                per_row = [self._run_rows([job], [[row]], kind, settings, state, memo) for row in layout]
                 merged = {key: sum((r[key] for r in per_row), []) for key in ("tokens", "first_lp", "first_topk")}
                 results.append(self._collect(job, layout, merged, settings))
             return results
-        out = self._run_rows(jobs, layouts, exact, settings, state)
+        out = self._run_rows(jobs, layouts, kind, settings, state)
         results, offset = [], 0
         for job, layout in zip(jobs, layouts):
             part = {key: out[key][offset:offset + len(layout)] for key in ("tokens", "first_lp", "first_topk")}
@@ -338,21 +350,35 @@ class HFEngine:
             offset += len(layout)
         return results
 
-    def _run_rows(self, jobs, layouts, exact, settings, state, memo=None):
+    def _prefill_on(self, state, start: int, seqs: list[list[int]]):
+        """Prefill seqs[:, start:] on top of the saved state's first `start` positions (block16)."""
+        k, v = state
+        n = len(seqs)
+        cache = self._new_cache([k[layer, :, :start].expand(n, -1, -1, -1).clone() for layer in range(k.shape[0])],
+                                [v[layer, :, :start].expand(n, -1, -1, -1).clone() for layer in range(v.shape[0])])
+        ids = torch.tensor([s[start:] for s in seqs])
+        positions = torch.arange(start, start + ids.shape[1]).expand(n, -1)
+        if self.invariant:
+            logits = None
+            for t in range(ids.shape[1]):
+                logits, cache = self._forward(ids[:, t:t + 1], positions[:, t:t + 1], cache, None)
+            return logits, cache
+        return self._forward(ids, positions, cache, None)
+
+    def _run_rows(self, jobs, layouts, kind, settings, state, memo=None):
         """Build the resumed or re-fed state for the rows of these jobs and decode them."""
         row_job, row_arm, row_kind = [], [], []
         for j, layout in enumerate(layouts):
-            for arm, kind in layout:
-                row_job.append(j), row_arm.append(arm), row_kind.append(kind)
+            for arm, what in layout:
+                row_job.append(j), row_arm.append(arm), row_kind.append(what)
         keys, values, lens, first_logits = [], [], [], []
-        if exact:
+        if kind == "exact":
             for j, arm in zip(row_job, row_arm):
                 job = jobs[j]
                 k, v = state[job.rollout]
-                length = job.abs_pos
-                keys.append(k[:, :, :length])
-                values.append(v[:, :, :length])
-                lens.append(length)
+                keys.append(k[:, :, :job.abs_pos])
+                values.append(v[:, :, :job.abs_pos])
+                lens.append(job.abs_pos)
         else:
             by_job = {}
             for j in sorted(set(row_job)):
@@ -361,8 +387,11 @@ class HFEngine:
                 if memo is not None and all((job.pivot_id, a) in memo for a in arms):
                     by_job[j] = {a: memo[(job.pivot_id, a)] for a in arms}
                     continue
-                # both arms share a length, so they prefill together without padding
-                logits, cache, _, _ = self._prefill([job.prefix_ids(a) for a in arms])
+                seqs = [job.prefix_ids(a) for a in arms]  # the arms share a length: no padding
+                if kind == "block":
+                    logits, cache = self._prefill_on(state[job.rollout], job.abs_pos // 16 * 16, seqs)
+                else:
+                    logits, cache, _, _ = self._prefill(seqs)
                 by_job[j] = {a: (logits[i], [layer.keys[i] for layer in cache.layers],
                                  [layer.values[i] for layer in cache.layers]) for i, a in enumerate(arms)}
                 if memo is not None:
@@ -382,7 +411,7 @@ class HFEngine:
         cache_v = [torch.stack([pad_kv(values[r][layer], pads[r]) for r in range(len(lens))]) for layer in range(layers)]
         cache = self._new_cache(cache_k, cache_v)
         mask = torch.tensor([[0] * p + [1] * n for p, n in zip(pads, lens)]) if any(pads) else None
-        if exact:  # feed the forced token at the pivot as a decode step on the saved state
+        if kind == "exact":  # feed the forced token at the pivot as a decode step on the saved state
             feed = torch.tensor([[jobs[j].forced[a]] for j, a in zip(row_job, row_arm)])
             positions = torch.tensor([[jobs[j].abs_pos] for j in row_job])
             if mask is not None:
@@ -390,16 +419,22 @@ class HFEngine:
             logits, cache = self._forward(feed, positions, cache, mask)
         else:
             logits = torch.stack(first_logits)
-        greedy = [kind == "probe" for kind in row_kind]
-        seeds = [0 if g else jobs[j].seeds[a][kind] for j, a, kind, g in zip(row_job, row_arm, row_kind, greedy)]
-        texts = None
-        if settings.stop_at_answer:
-            texts = [self.decode(jobs[j].gen_prefix + [jobs[j].forced[a]]) for j, a in zip(row_job, row_arm)]
-        rows = _Rows(seeds=seeds, temperature=[0.0 if g else settings.temperature for g in greedy],
-                     top_p=[1.0 if g else settings.top_p for g in greedy],
-                     max_new=[settings.probe_tokens if g else settings.max_tokens for g in greedy],
-                     topk=5, stop_at_answer=settings.stop_at_answer, prefix_text=texts)
-        # probes never stop at the answer: they are a fixed-length logprob channel
+        seeds, temps, top_ps, max_new, stops = [], [], [], [], []
+        for j, a, what in zip(row_job, row_arm, row_kind):
+            job = jobs[j]
+            if what == "probe":  # greedy, fixed length: a grading-free logprob channel
+                seeds.append(0), temps.append(0.0), top_ps.append(1.0), max_new.append(settings.probe_tokens)
+                stops.append(False)
+            elif what == "regen":  # the trunk's own seed and sampling: must regenerate the trunk
+                seeds.append(job.trunk_seed), temps.append(settings.trunk_temperature)
+                top_ps.append(settings.trunk_top_p), max_new.append(len(job.trunk_rest)), stops.append(False)
+            else:
+                seeds.append(job.seeds[a][what]), temps.append(settings.temperature), top_ps.append(settings.top_p)
+                max_new.append(settings.max_tokens), stops.append(settings.stop_at_answer)
+        texts = [self.decode(jobs[j].gen_prefix + [jobs[j].forced[a]]) if stop else None
+                 for j, a, stop in zip(row_job, row_arm, stops)] if any(stops) else None
+        rows = _Rows(seeds=seeds, temperature=temps, top_p=top_ps, max_new=max_new, topk=0,
+                     stop_at_answer=any(stops), prefix_text=texts)
         first_lp = torch.log_softmax(logits, dim=-1)
         first_values, first_ids = raw_topk(logits, 5)
         tokens, _, _, _, _ = self._decode(logits, cache, mask, [jobs[j].abs_pos + 1 for j in row_job], rows)
@@ -410,18 +445,29 @@ class HFEngine:
     def _collect(self, job: PivotJob, layout, part, settings) -> PivotOutput:
         conts, probe_ids, probe_lp = {a: [] for a in ARMS}, {}, {}
         resume = {}
-        for (arm, kind), tokens, first_lp, first_topk in zip(layout, part["tokens"], part["first_lp"],
+        for (arm, what), tokens, first_lp, first_topk in zip(layout, part["tokens"], part["first_lp"],
                                                             part["first_topk"]):
-            if kind == "probe":
+            if what == "probe":
                 probe_ids[arm] = tokens[:settings.probe_tokens]
                 probe_lp[arm] = float(first_lp[tokens[0]])
                 if arm == "actual" and job.trunk_next is not None:
                     # does the first post-pivot step reproduce the trunk's own raw top-k bit for bit?
                     resume["first_step_exact"] = (first_topk[0] == list(job.trunk_next[0])
                                                   and first_topk[1] == list(job.trunk_next[1]))
+            elif what == "regen":
+                resume["regenerates_trunk"] = tokens == list(job.trunk_rest)
             else:
                 conts[arm].append(tokens)
         return PivotOutput(job.pivot_id, conts, probe_ids, probe_lp, resume)
+
+
+def pass_kind(name: str) -> str:
+    """What a pass computes: exact (resume), refeed (prefill afresh), serial, or block (block16)."""
+    kinds = {"exact": "exact", "refeed": "refeed", "serial": "serial", "block16": "block"}
+    for prefix, kind in kinds.items():
+        if name.startswith(prefix):
+            return kind
+    raise ValueError(f"unknown pass '{name}'; passes: exact1, exact2, refeed, refeed2, serial, block16")
 
 
 def _row_state(cache, slot: int):

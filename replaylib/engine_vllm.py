@@ -312,7 +312,10 @@ class VLLMEngine:
 
     def run_pass(self, jobs: list[PivotJob], pass_name: str, settings: PassSettings, state: dict | None,
                  tok_text=None) -> list[PivotOutput]:
-        """One pass over pivot jobs: exact* resumes the resident trunk blocks; refeed resets first."""
+        """One pass over pivot jobs: exact* resumes the resident trunk blocks; refeed* resets first."""
+        if pass_name in ("serial", "block16"):
+            raise ValueError(f"pass '{pass_name}' is implemented on the transformers engine only (vLLM's exact "
+                             f"passes are block-granular already); leave it out of passes with engine: vllm")
         exact = pass_name.startswith("exact")
         if not jobs:
             return []

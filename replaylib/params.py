@@ -42,6 +42,7 @@ CHOICES = {
     "device": ["cpu", "cuda", "auto"],
     "dtype": ["bfloat16", "float32", "float16"],
     "records": ["run", "published"],
+    "pass_order": ["fixed", "shuffled"],
 }
 
 
@@ -94,7 +95,11 @@ class Params:
     max_cont_tokens: int = _p("03_three_pass_replay", 128, "continuation length limit")
     probe_tokens: int = _p("03_three_pass_replay", 32, "greedy probe length")
     stop_at_answer: bool = _p("03_three_pass_replay", True, "stop a continuation once its final answer is complete")
-    passes: list = _l("03_three_pass_replay", ["exact1", "exact2", "refeed"], "passes, in order")
+    passes: list = _l("03_three_pass_replay", ["exact1", "exact2", "refeed"],
+                      "exact1, exact2, refeed, optionally refeed2, serial, block16")
+    pass_order: str = _p("03_three_pass_replay", "fixed", "fixed (as listed) or shuffled (seeded per problem)")
+    verify_regeneration: bool = _p("03_three_pass_replay", True,
+                                   "exact1 also continues the actual arm with the trunk's own seed and checks it")
     # --- 04 statistics
     records: str = _p("04_statistics", "run", "run: this run's records; published: the paper's seven runs")
     bootstrap_draws: int = _p("04_statistics", 2000, "bootstrap resamples of problems for the CIs")
@@ -154,9 +159,11 @@ def _check_type(name: str, value, where: str):
     if name in CHOICES and value not in CHOICES[name]:
         raise ValueError(f"{where}: parameter '{name}' is {value!r}; choose one of {CHOICES[name]}")
     if name == "passes":
-        known = {"exact1", "exact2", "refeed"}
-        if value[:1] != ["exact1"] or not set(value) <= known:
-            raise ValueError(f"{where}: parameter 'passes' must start with 'exact1' and use only {sorted(known)}")
+        known = {"exact1", "exact2", "refeed", "refeed2", "serial", "block16"}
+        if (value[:1] != ["exact1"] or not {"exact2", "refeed"} <= set(value) <= known
+                or len(set(value)) != len(value)):
+            raise ValueError(f"{where}: parameter 'passes' must start with 'exact1', include 'exact2' and 'refeed', "
+                             f"and use only {sorted(known)}, each once")
     return value
 
 

@@ -196,3 +196,19 @@ def margin_histogram(margins, threshold: float):
         ax.set_ylabel("tokens")
         ax.set_yscale("log")
     return fig, ax
+
+
+def fig4_passes(comparisons):
+    """[ours] Figure 4: sign disagreement of every pass with exact1 (and of refeed with its
+    replica refeed2), from ``stats.pass_comparisons``."""
+    with mpl.rc_context(_RC):
+        fig = Figure(figsize=(SINGLE, 2.4), layout="constrained")
+        ax = fig.add_subplot()
+        rates = [100 * (r or 0.0) for r in comparisons["rate"]]
+        colors = [FLOOR_COLOR if c.startswith(("exact2", "refeed2")) else REFEED_COLOR for c in comparisons["comparison"]]
+        ax.bar(range(len(rates)), rates, color=colors)
+        ax.set_xticks(range(len(rates)), [textwrap.fill(c, 10) for c in comparisons["comparison"]])
+        ax.set_ylabel("sign disagreement (%)")
+        n = int(comparisons["n"].iloc[0]) if len(comparisons) else 0
+        ax.set_title(f"common set n = {n}")
+    return fig, ax

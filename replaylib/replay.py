@@ -6,6 +6,8 @@ abs_pos, arm, k)) and one greedy probe per arm, in each pass:
   exact1  resume the trunk's decode-time state
   exact2  the identical work again (replica: the noise floor)
   refeed  a fresh prefill of the same ids, as published credit pipelines do
+and optionally [ours] refeed2 (refeed's own replica), serial (refeed one request at a
+time) and block16 (the paper's block-granular resume), in a fixed or shuffled order.
 A = mean(R | actual) - mean(R | alt) per pass. Records follow the published schema
 (PROTOCOL.md section 6) plus exactness columns. Each problem is written as its own shard
 (atomically), so a rerun after a crash redoes only unfinished problems.
@@ -14,12 +16,13 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 
 import pandas as pd
 from tqdm.auto import tqdm
 
 from .data import load_problems
-from .engine import ARMS, PassSettings, PivotJob, continuation_seed, make_engine
+from .engine import ARMS, PassSettings, PivotJob, continuation_seed, make_engine, stable_seed
 from .grading import grade
 from .params import Params
 from .rundir import StageDir, atomic_save
@@ -31,7 +34,18 @@ STAGE = "03_three_pass_replay"
 def settings(params: Params, max_tokens: int | None = None) -> PassSettings:
     return PassSettings(k=params.k, temperature=params.cont_temperature, top_p=params.cont_top_p,
                         max_tokens=max_tokens or params.max_cont_tokens, probe_tokens=params.probe_tokens,
-                        stop_at_answer=params.stop_at_answer, task=params.task)
+                        stop_at_answer=params.stop_at_answer, task=params.task,
+                        verify_regeneration=params.verify_regeneration, trunk_temperature=params.temperature,
+                        trunk_top_p=params.top_p)
+
+
+def pass_order(params: Params, problem_id: int) -> list[str]:
+    """The order passes run in for one problem: as configured, or shuffled with a seed per problem."""
+    if params.pass_order == "fixed":
+        return list(params.passes)
+    order = list(params.passes)
+    random.Random(stable_seed(problem_id, "pass-order")).shuffle(order)
+    return order
 
 
 def build_jobs(pivots: pd.DataFrame, trunks: pd.DataFrame, k: int) -> list[PivotJob]:
@@ -47,7 +61,7 @@ def build_jobs(pivots: pd.DataFrame, trunks: pd.DataFrame, k: int) -> list[Pivot
             prompt_ids=list(trunk.prompt_ids), gen_prefix=gen[:i], forced={"actual": int(p.actual), "alt": int(p.alt)},
             seeds={arm: [continuation_seed(int(p.problem_id), int(p.rollout), int(p.abs_pos), arm, j) for j in range(k)]
                    for arm in ARMS},
-            trunk_next=nxt))
+            trunk_next=nxt, trunk_rest=gen[i + 1:], trunk_seed=int(trunk.seed) if hasattr(trunk, "seed") else None))
     return jobs
 
 
@@ -62,7 +76,7 @@ def estimate(job: PivotJob, out, gold: str, task: str, decode) -> tuple[float, d
 
 
 def pivot_record(job: PivotJob, pivot, outs: dict, wins: dict, estimates: dict, state_ok: bool,
-                 passes: list[str]) -> dict:
+                 passes: list[str], order: list[str]) -> dict:
     """One record in the published schema, plus this package's exactness and diagnostics columns."""
     rec = {"problem_id": job.problem_id, "rollout": job.rollout, "abs_pos": job.abs_pos,
            "gen_index": job.gen_index, "margin": float(pivot.margin), "rollout_correct": int(pivot.rollout_correct)}
@@ -85,10 +99,10 @@ def pivot_record(job: PivotJob, pivot, outs: dict, wins: dict, estimates: dict, 
     # cache_ok: the exact passes really resumed the decode-time state (bits loaded == bits saved)
     for name in [p for p in passes if p.startswith("exact")]:
         rec[f"cache_ok_{name}"] = bool(state_ok and outs[name].resume.get("state_ok", True))
-    first = outs["exact1"].resume.get("first_step_exact")
-    rec["first_step_exact"] = first
+    rec["first_step_exact"] = outs["exact1"].resume.get("first_step_exact")
+    rec["regenerates_trunk"] = outs["exact1"].resume.get("regenerates_trunk")
     rec["exact_ok"] = bool(all(rec[f"cache_ok_{p}"] for p in passes if p.startswith("exact")))
-    rec["pass_order"] = ",".join(passes)
+    rec["pass_order"] = ",".join(order)
     return rec
 
 
@@ -96,7 +110,8 @@ def replay_problem(engine, jobs, pivots, state, state_ok: dict, gold, params, ma
     """All passes for one problem's pivots, in the configured order; state_ok: rollout -> state verified."""
     cfg = settings(params, max_tokens)
     outs = {}
-    for name in params.passes:
+    order = pass_order(params, int(pivots.problem_id.iloc[0])) if len(pivots) else list(params.passes)
+    for name in order:
         outs[name] = {o.pivot_id: o for o in engine.run_pass(jobs, name, cfg, state)}
     records = []
     for job, pivot in zip(jobs, pivots.itertuples(index=False)):
@@ -105,7 +120,7 @@ def replay_problem(engine, jobs, pivots, state, state_ok: dict, gold, params, ma
         for name in params.passes:
             estimates[name], wins[name] = estimate(job, per[name], gold, params.task, engine.decode)
         records.append(pivot_record(job, pivot, per, wins, estimates, state_ok.get(job.rollout, False),
-                                    params.passes))
+                                    params.passes, order))
     return records
 
 

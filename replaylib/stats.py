@@ -669,6 +669,88 @@ def table_bootstrap(rows: dict, seed: int = 0, n_boot: int = 2000) -> pd.DataFra
     return pd.DataFrame(out)
 
 
+EXTRA_PASSES = ("exact2", "refeed", "refeed2", "serial", "block16")
+
+
+def pass_comparisons(df: pd.DataFrame) -> pd.DataFrame:
+    """[ours] Every pass against exact1, and refeed against its own replica refeed2, on the
+    common set of all passes present (any A != 0); flagged records excluded."""
+    df = exclude_not_exact(df)[0]
+    present = [p for p in ("exact1", *EXTRA_PASSES) if f"A_{p}" in df.columns and df[f"A_{p}"].notna().all()]
+    nz = np.zeros(len(df), dtype=bool)
+    for p in present:
+        nz |= df[f"A_{p}"].to_numpy(float) != 0
+    common = df.loc[nz]
+    pairs = [("exact1", p) for p in present if p != "exact1"]
+    if {"refeed", "refeed2"} <= set(present):
+        pairs.append(("refeed", "refeed2"))
+    out = []
+    for a, b in pairs:
+        sa, sb = sign(common[f"A_{a}"]), sign(common[f"A_{b}"])
+        flips = int((sa != sb).sum())
+        out.append({"comparison": f"{b} vs {a}", "n": len(common), "flips": flips,
+                    "rate": _ratio(flips, len(common)), "polarity": int(((sa * sb) < 0).sum())})
+    return pd.DataFrame(out, columns=["comparison", "n", "flips", "rate", "polarity"])
+
+
+def by_pass_order(df: pd.DataFrame) -> pd.DataFrame:
+    """[ours] Refeed and floor disagreement stratified by the order the passes ran in."""
+    if "pass_order" not in df.columns:
+        return pd.DataFrame(columns=["pass_order", "n", "refeed_rate", "floor_rate", "excess_pp"])
+    out = []
+    for order, sub in exclude_not_exact(df)[0].groupby("pass_order"):
+        r = rates(sub, "common")
+        out.append({"pass_order": order, "n": r["n"], "refeed_rate": r["refeed"]["rate"],
+                    "floor_rate": r["floor"]["rate"], "excess_pp": excess_pp(r)})
+    return pd.DataFrame(out)
+
+
+def resume_exactness(df: pd.DataFrame) -> dict:
+    """[ours] How exact the resumes were: state verified, first post-pivot step bit-exact,
+    trunk regenerated bit for bit (shares over the records that carry each check)."""
+    out = {"n": len(df)}
+    for col in ("exact_ok", "first_step_exact", "regenerates_trunk"):
+        if col in df.columns:
+            v = df[col].dropna().astype(bool)
+            out[col] = {"checked": int(len(v)), "held": int(v.sum()), "share": _ratio(int(v.sum()), len(v))}
+    return out
+
+
+def _labelled(rows: dict, fn) -> pd.DataFrame:
+    frames = []
+    for label, df in rows.items():
+        t = fn(df)
+        if len(t):
+            frames.append(t.assign(configuration=label))
+    if not frames:
+        return pd.DataFrame({"configuration": list(rows), "note": "no records with these fields"})
+    t = pd.concat(frames, ignore_index=True)
+    return t[["configuration"] + [c for c in t.columns if c != "configuration"]]
+
+
+def table_passes(rows: dict) -> pd.DataFrame:
+    """[ours] Extra passes (refeed2, serial, block16) against exact1, and refeed vs refeed2."""
+    return _labelled(rows, pass_comparisons)
+
+
+def table_pass_order(rows: dict) -> pd.DataFrame:
+    """[ours] Refeed and floor disagreement by pass order."""
+    return _labelled(rows, by_pass_order)
+
+
+def table_exactness(rows: dict) -> pd.DataFrame:
+    """[ours] Resume exactness per configuration."""
+    out = []
+    for label, df in rows.items():
+        e = resume_exactness(df)
+        row = {"configuration": label, "pivots": e["n"]}
+        for col in ("exact_ok", "first_step_exact", "regenerates_trunk"):
+            c = e.get(col)
+            row[col] = "-" if not c or not c["checked"] else f"{c['held']}/{c['checked']}"
+        out.append(row)
+    return pd.DataFrame(out)
+
+
 TABLES = {
     "tab1_main": table1,
     "tab2_jaccard": table_jaccard,
@@ -679,6 +761,9 @@ TABLES = {
     "tab7_eligibility": table_eligibility,
     "tab8_cache": table_cache,
     "tab9_bootstrap": table_bootstrap,
+    "tab10_passes": table_passes,
+    "tab11_pass_order": table_pass_order,
+    "tab12_exactness": table_exactness,
 }
 
 
@@ -740,11 +825,16 @@ def run(params, out_dir=None) -> dict:
         rows = {params.config: main, f"{params.config} batch-invariant": invariant}
     tdir, fdir = tables_dir(params.config, out_dir), figures_dir(params.config, out_dir)
     products = write_tables(rows, tdir, n_boot=params.bootstrap_draws)
-    for name, (fig, _) in {"fig1_quadrants": plotting.fig1_quadrants(main),
-                           "fig2_configs": plotting.fig2_configs(rows),
-                           "fig3_logprob_ecdf": plotting.fig3_logprob_ecdf(main)}.items():
+    figures = {"fig1_quadrants": plotting.fig1_quadrants(main), "fig2_configs": plotting.fig2_configs(rows),
+               "fig3_logprob_ecdf": plotting.fig3_logprob_ecdf(main)}
+    comparisons = pass_comparisons(main)
+    if len(comparisons) > 2:  # beyond exact2 and refeed: the extra passes of [ours]
+        figures["fig4_passes"] = plotting.fig4_passes(comparisons)
+    for name, (fig, _) in figures.items():
         products += plotting.save_figure(fig, name, fdir)
     summary = {"main": summarize(main), "extras": extras(main, seed=0, n_boot=params.bootstrap_draws),
+               "resume_exactness": resume_exactness(main),
+               "passes": comparisons.to_dict("records"),
                "rows": {label: summarize(df) for label, df in rows.items()}}
     atomic_write_json(stage.file("summary.json"), summary)
     stage.finish(["summary.json"], {"products": {str(p): sha256_file(p) for p in sorted(set(products))}})

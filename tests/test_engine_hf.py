@@ -146,3 +146,36 @@ def test_saved_state_round_trip_and_tampering(tiny_engine, tmp_path):
     _, verified = load_state(path)
     assert verified == {0: True, 1: False}
     assert state_digest(*state[0]) != state_digest(*state[1])
+
+
+def test_extra_passes_serial_block16_refeed2_and_regeneration(tiny_engine):
+    """[ours] refeed2 replicates refeed; serial and block16 run; exact1 regenerates its trunks."""
+    import dataclasses
+    trunks, state = sample(tiny_engine, n=3, max_new=40)
+    long_ones = [r for r in range(3) if len(trunks[r].gen_ids) > 22]
+    assert long_ones
+    jobs = [job_for(trunks[r], 20, pivot_id=r) for r in long_ones]
+    for job, r in zip(jobs, long_ones):
+        job.trunk_rest, job.trunk_seed = trunks[r].gen_ids[21:], trunks[r].seed
+    cfg = dataclasses.replace(SETTINGS, verify_regeneration=True)
+    outs = {name: tiny_engine.run_pass(jobs, name, cfg, state) for name in ("exact1", "refeed", "refeed2",
+                                                                            "serial", "block16")}
+    for a, b in zip(outs["refeed"], outs["refeed2"]):
+        assert a.continuations == b.continuations and a.probe_first_logprob == b.probe_first_logprob
+    for name in ("serial", "block16"):
+        assert all(len(o.continuations["alt"]) == 2 for o in outs[name])
+    assert all(isinstance(o.resume.get("regenerates_trunk"), bool) for o in outs["exact1"])
+    assert "regenerates_trunk" not in outs["refeed"][0].resume
+
+
+def test_regeneration_holds_at_the_trunks_batch_shape(tiny_engine):
+    """One pivot per trunk at the same index, run together: the batch has the trunks' shape."""
+    import dataclasses
+    trunks, state = sample(tiny_engine, n=3, max_new=40)
+    i = 3
+    jobs = [job_for(trunks[r], i, pivot_id=r) for r in range(3)]
+    for job, r in zip(jobs, range(3)):
+        job.trunk_rest, job.trunk_seed = trunks[r].gen_ids[i + 1:], trunks[r].seed
+    cfg = dataclasses.replace(SETTINGS, k=0, verify_regeneration=True)
+    outs = tiny_engine.run_pass(jobs, "exact1", cfg, state)
+    assert [o.resume["regenerates_trunk"] for o in outs] == [True, True, True]

@@ -175,7 +175,8 @@ def test_all_tables_written(rows, tmp_path):
     small = {lab: rows[lab] for lab in ("main pooled", "greedy continuations", "batch-invariant")}
     tables = stats.all_tables(small)
     assert list(tables) == ["tab1_main", "tab2_jaccard", "tab3_exact1_excess", "tab4_bias", "tab5_margin",
-                            "tab6_probes", "tab7_eligibility", "tab8_cache", "tab9_bootstrap"]
+                            "tab6_probes", "tab7_eligibility", "tab8_cache", "tab9_bootstrap", "tab10_passes",
+                            "tab11_pass_order", "tab12_exactness"]
     for name, df in tables.items():
         paths = stats.write_table(df, name, tmp_path)
         assert [p.name for p in paths] == [f"{name}.csv", f"{name}.md", f"{name}.tex"]
@@ -354,3 +355,24 @@ def test_bootstrap_small_and_seeded():
     assert a["n_problems"] == 2 and a["excess_pp"]["estimate"] == pytest.approx(20.0)
     lo, hi = a["excess_pp"]["ci95"]
     assert lo <= 20.0 <= hi
+
+
+def test_pass_comparisons_order_and_exactness_on_synthetic_records():
+    import pandas as pd
+    df = pd.DataFrame({
+        "problem_id": [0, 0, 1, 1], "rollout": [0, 1, 0, 1], "abs_pos": [5, 6, 7, 8], "margin": [0.1] * 4,
+        "A_exact1": [0.5, 0.0, -0.5, 0.0], "A_exact2": [0.5, 0.0, -0.5, 0.0], "A_refeed": [0.0, 0.0, 0.5, 0.0],
+        "A_refeed2": [0.5, 0.0, 0.5, 0.0], "A_serial": [0.0, 0.25, -0.5, 0.0],
+        "pass_order": ["a", "a", "b", "b"], "exact_ok": [True] * 4,
+        "first_step_exact": [True, False, None, True], "regenerates_trunk": [True, True, True, None]})
+    t = stats.pass_comparisons(df).set_index("comparison")
+    assert t.loc["refeed vs exact1", "n"] == 3  # any pass non-zero: rows 0, 1, 2
+    assert t.loc["refeed vs exact1", "flips"] == 2 and t.loc["refeed vs exact1", "polarity"] == 1
+    assert t.loc["exact2 vs exact1", "flips"] == 0
+    assert t.loc["refeed2 vs refeed", "flips"] == 1
+    assert t.loc["serial vs exact1", "flips"] == 2
+    order = stats.by_pass_order(df).set_index("pass_order")
+    assert order.loc["a", "n"] == 1 and order.loc["b", "refeed_rate"] == 1.0
+    e = stats.resume_exactness(df)
+    assert e["first_step_exact"] == {"checked": 3, "held": 2, "share": 2 / 3}
+    assert e["regenerates_trunk"]["held"] == 3
