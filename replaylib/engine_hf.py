@@ -44,8 +44,8 @@ def choose_tokens(logits: torch.Tensor, temperature: list[float], top_p: list[fl
     rows = [b for b, t in enumerate(temperature) if t > 0]
     if not rows:
         return out
-    sub = logits if len(rows) == len(temperature) else logits[torch.tensor(rows)]
-    inv_t = torch.tensor([1.0 / temperature[b] for b in rows], dtype=torch.float32)[:, None]
+    sub = logits if len(rows) == len(temperature) else logits[torch.tensor(rows, device=logits.device)]
+    inv_t = torch.tensor([1.0 / temperature[b] for b in rows], dtype=torch.float32, device=logits.device)[:, None]
     scaled = sub * inv_t
     log_z = torch.logsumexp(scaled, dim=-1, keepdim=True)
     n_cand = min(NUCLEUS_CANDIDATES, logits.shape[-1])

@@ -42,7 +42,10 @@ that source, the comment names it.
   text, so a model that writes a second answer after its first is graded on the second.
 - Batch-invariant mode: VLLM_BATCH_INVARIANT=1 must be set before vLLM is imported, and
   the attention backend is params.invariant_attention_backend (TRITON_ATTN; FA3 is not
-  invariant between prefill and decode, see shared/gpu/README.md).
+  invariant between prefill and decode, see shared/gpu/README.md). enforce_eager is ignored
+  in this mode: on the H200 with the real 0.5B model, eager mode left refeed different from
+  exact1 (0/62 probe logprobs bit-exact), CUDA graphs + torch.compile made all passes
+  identical (24/24); docs/gpu-h200.md.
 - vLLM cannot compare the first post-pivot step with the trunk's own
   (first_step_exact is None).
 """
@@ -114,11 +117,12 @@ class VLLMEngine:
 
     def __init__(self, llm, sampling_params_cls, model: str = "", dtype: str = "bfloat16", invariant: bool = False,
                  attention_backend: str = "", version: str = "", config: str = "?",
-                 trunk_settings: dict | None = None):
+                 trunk_settings: dict | None = None, enforce_eager: bool | None = None):
         """Wrap an existing vllm.LLM (or a stand-in with the same methods, for tests)."""
         self.llm, self.SamplingParams = llm, sampling_params_cls
         self.model_path, self.dtype_name, self.invariant = model, dtype, invariant
         self.attention_backend, self.version, self.config = attention_backend, version, config
+        self.enforce_eager = enforce_eager
         cache_config = llm.llm_engine.vllm_config.cache_config
         self.block_size = int(cache_config.block_size)
         total = getattr(cache_config, "num_gpu_blocks", None)  # set by the engine core after profiling
@@ -151,15 +155,21 @@ class VLLMEngine:
         from .models import resolve_model
         model = resolve_model(params.model)
         backend = params.invariant_attention_backend if invariant else params.attention_backend
+        eager = params.enforce_eager
+        if invariant and eager:
+            log.warning("config %s: enforce_eager is ignored in batch-invariant mode (eager vLLM 0.22.1 was not "
+                        "invariant between refeed and exact resumes on the H200; see docs/gpu-h200.md)",
+                        params.config)
+            eager = False
         kwargs = dict(model=model, dtype=params.dtype, enable_prefix_caching=True,
                       gpu_memory_utilization=params.gpu_memory_utilization, max_model_len=params.max_model_len,
-                      seed=0, enforce_eager=params.enforce_eager, logprobs_mode=LOGPROBS_MODE,
+                      seed=0, enforce_eager=eager, logprobs_mode=LOGPROBS_MODE,
                       disable_log_stats=False)  # stats on: the preemption counter (LLM.get_metrics)
         if backend:
             kwargs["attention_config"] = {"backend": backend}
         llm = vllm.LLM(**kwargs)
         engine = cls(llm, vllm.SamplingParams, model=model, dtype=params.dtype, invariant=invariant,
-                     attention_backend=backend, version=vllm.__version__, config=params.config,
+                     attention_backend=backend, version=vllm.__version__, config=params.config, enforce_eager=eager,
                      trunk_settings={"temperature": params.temperature, "top_p": params.top_p,
                                      "max_new_tokens": params.max_trunk_tokens, "top_logprobs": params.top_logprobs})
         if params.block_size > 1 and params.block_size != engine.block_size:
@@ -171,7 +181,8 @@ class VLLMEngine:
         return {"engine": "vllm", "model": self.model_path, "device": "cuda", "dtype": self.dtype_name,
                 "block_size": self.block_size, "num_gpu_blocks": self.num_blocks,
                 "attention_backend": self.attention_backend or "auto", "batch_invariant": self.invariant,
-                "invariant": self.invariant, "logprobs_mode": LOGPROBS_MODE, "vllm": self.version}
+                "invariant": self.invariant, "enforce_eager": self.enforce_eager, "logprobs_mode": LOGPROBS_MODE,
+                "vllm": self.version}
 
     # ---------------------------------------------------------------- text
     def prompt_ids(self, question: str, instruction: str) -> list[int]:
@@ -200,7 +211,10 @@ class VLLMEngine:
     def _generate(self, prompts: list[list[int]], params: list, label: str):
         """One llm.generate call; returns (outputs in request order, preemptions during it or None)."""
         before = self._preemption_count()
-        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+        # plain Python ints: ids read back from Parquet are numpy.int64, and vLLM hashes the token ids of
+        # its prefix-cache blocks as given, so numpy ids never match the trunk's blocks (seen on the H200:
+        # exact1 missed the cache on 15 of 21 pivots, exact2 then hit exact1's own numpy-hashed blocks)
+        outs = self.llm.generate([{"prompt_token_ids": _ints(p)} for p in prompts], params, use_tqdm=False)
         after = self._preemption_count()
         if len(outs) != len(prompts):
             raise RuntimeError(f"vLLM returned {len(outs)} outputs for {len(prompts)} requests ({label})")

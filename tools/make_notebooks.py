@@ -96,17 +96,22 @@ hash(problem, rollout, abs_pos, arm, k), and one greedy 32-token probe, in three
 * **exact1** resumes the decode-time KV state saved by stage 1 (loaded from disk and checked
   against its digest);
 * **exact2** repeats exact1 identically: the replica, i.e. the measurement's noise floor;
-* **refeed** prefills the same token ids afresh, as published credit pipelines do.
+* **refeed** prefills the same token ids afresh, as published credit pipelines do;
+* optionally (`passes`, beyond the paper) **refeed2** (refeed's own replica), **serial** (refeed
+  with every request alone) and **block16** (the paper's block-granular resume), in a fixed or
+  shuffled order (`pass_order`).
 
 The estimate is A = mean(R | actual) - mean(R | alt) per pass. Records follow the paper's schema
 plus exactness columns: `exact_ok` (the resumed state is bit-for-bit the saved one; records
 without it are flagged and excluded from the statistics) and `first_step_exact` (the first
-post-pivot step of the actual arm reproduces the trunk's own raw top-k logprobs bit for bit).
+post-pivot step of the actual arm reproduces the trunk's own raw top-k logprobs bit for bit), and
+with `verify_regeneration` `regenerates_trunk` (resuming the actual token with the trunk's own
+seed regenerates the rest of the trunk bit for bit).
 
 Writes `runs/<config>/03_three_pass_replay/records.parquet` (and per-problem shards)."""),
         ("code", "from replaylib import replay\n\nrecords = replay.run(P, OUT)\nrecords[[\"problem_id\", \"rollout\", \"abs_pos\", \"margin\", \"A_exact1\", \"A_exact2\", \"A_refeed\",\n         \"greedy_divergence_refeed\", \"greedy_first_logprob_delta_refeed\", \"exact_ok\", \"first_step_exact\"]]"),
         ("md", "## How exact was each resume?"),
-        ("code", "pd.Series({\n    \"pivots\": len(records),\n    \"state verified (exact_ok)\": int(records.exact_ok.sum()),\n    \"first post-pivot step bit-exact\": int((records.first_step_exact == True).sum()),\n    \"first step not checkable (pivot at the trunk's last token)\": int(records.first_step_exact.isna().sum()),\n    \"continuations differing, exact2 vs exact1\": int(records.cont_diff_exact2.sum()),\n    \"continuations differing, refeed vs exact1\": int(records.cont_diff_refeed.sum()),\n    \"continuation rows per pass\": len(records) * 2 * P.k,\n})"),
+        ("code", "pd.Series({\n    \"pivots\": len(records),\n    \"state verified (exact_ok)\": int(records.exact_ok.sum()),\n    \"first post-pivot step bit-exact\": int((records.first_step_exact == True).sum()),\n    \"first step not checkable (pivot at the trunk's last token)\": int(records.first_step_exact.isna().sum()),\n    \"trunk regenerated bit for bit\": int((records.regenerates_trunk == True).sum()),\n    \"continuations differing, exact2 vs exact1\": int(records.cont_diff_exact2.sum()),\n    \"continuations differing, refeed vs exact1\": int(records.cont_diff_refeed.sum()),\n    \"continuation rows per pass\": len(records) * 2 * P.k,\n})"),
     ],
     "04_statistics": [
         ("md", """# Stage 4: statistics, tables and figures
@@ -158,6 +163,8 @@ def build(stage: str):
     body = BODY[stage]
     cells = [new_markdown_cell(body[0][1]), parameters_cell(stage), new_code_cell(SETUP.format(stage=stage))]
     cells += [new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in body[1:]]
+    for i, cell in enumerate(cells):  # stable ids: regenerating leaves unchanged notebooks unchanged
+        cell.id = f"{stage[:2]}-{i:02d}"
     nb.cells = cells
     return nb
 
