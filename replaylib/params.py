@@ -87,12 +87,12 @@ class Params:
     boundary_slack: int = _p("02_pivot_mining", 2, "with block_size above 1, abs_pos mod block_size must be at most this")
     max_pivots_per_rollout: int = _p("02_pivot_mining", 2, "earliest pivots first")
     min_rollout_tokens: int = _p("02_pivot_mining", 16, "rollouts shorter than this are skipped")
-    pivot_window: int = _p("02_pivot_mining", 96, "only pivots among the last N generated tokens (0: anywhere)")
+    pivot_window: int = _p("02_pivot_mining", 64, "only pivots among the last N generated tokens (0: anywhere)")
     # --- 03 three-pass replay
     k: int = _p("03_three_pass_replay", 4, "sampled continuations per arm")
     cont_temperature: float = _p("03_three_pass_replay", 0.7, "continuation temperature (0 for greedy)")
     cont_top_p: float = _p("03_three_pass_replay", 0.95, "continuation nucleus sampling")
-    max_cont_tokens: int = _p("03_three_pass_replay", 128, "continuation length limit")
+    max_cont_tokens: int = _p("03_three_pass_replay", 96, "continuation length limit")
     probe_tokens: int = _p("03_three_pass_replay", 32, "greedy probe length")
     stop_at_answer: bool = _p("03_three_pass_replay", True, "stop a continuation once its final answer is complete")
     passes: list = _l("03_three_pass_replay", ["exact1", "exact2", "refeed"],
@@ -106,7 +106,7 @@ class Params:
     # --- 05 batch-invariant confirmation
     invariant_problems: int = _p("05_batch_invariant", 1, "problems (the first sampled ones) rerun in invariant mode")
     invariant_rollouts: int = _p("05_batch_invariant", 1, "trunks per problem in invariant mode")
-    invariant_pivots: int = _p("05_batch_invariant", 2, "pivots per problem (earliest) replayed in invariant mode")
+    invariant_pivots: int = _p("05_batch_invariant", 1, "pivots per problem (earliest) replayed in invariant mode")
     invariant_max_cont_tokens: int = _p("05_batch_invariant", 24, "continuation limit in invariant mode")
 
     # ------------------------------------------------------------------
