@@ -61,7 +61,10 @@ def build_jobs(pivots: pd.DataFrame, trunks: pd.DataFrame, k: int) -> list[Pivot
             prompt_ids=list(trunk.prompt_ids), gen_prefix=gen[:i], forced={"actual": int(p.actual), "alt": int(p.alt)},
             seeds={arm: [continuation_seed(int(p.problem_id), int(p.rollout), int(p.abs_pos), arm, j) for j in range(k)]
                    for arm in ARMS},
-            trunk_next=nxt, trunk_rest=gen[i + 1:], trunk_seed=int(trunk.seed)))
+            trunk_next=nxt,
+            # the regeneration check needs the trunk's own seed (absent from tables without one)
+            trunk_rest=gen[i + 1:] if hasattr(trunk, "seed") else None,
+            trunk_seed=int(trunk.seed) if hasattr(trunk, "seed") else None))
     return jobs
 
 

@@ -43,7 +43,7 @@ def test_tiny_loads_chat_and_forward(tiny_dir):
     tok = AutoTokenizer.from_pretrained(tiny_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_dir)
     cfg = model.config
-    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (64, 4, 2)
+    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (128, 4, 2)
     assert cfg.num_hidden_layers == 2 and not cfg.tie_word_embeddings
     assert model.dtype == torch.bfloat16
     assert 400 <= len(tok) <= 1000

@@ -59,7 +59,7 @@ def test_rerun_is_a_no_op_and_a_change_reruns_only_what_it_invalidates(tiny_run,
     changed = params.make({**tiny.to_dict(), "k": 3})
     assert [s for s, _ in plan(changed, [], False, tiny_run)] == ["03_three_pass_replay", "05_batch_invariant",
                                                                    "04_statistics"]
-    assert [s for s, _ in plan(tiny, ["02"], False, tiny_run)] == ["02_pivot_mining"]
+    assert [s for s, _ in plan(tiny, ["02_pivot_mining"], False, tiny_run)] == ["02_pivot_mining"]
 
 
 def test_a_stage_refuses_an_upstream_made_with_other_parameters(tiny_run):
