@@ -86,7 +86,7 @@ WORKLOADS = {
     "tiny": Workload("tiny", "tiny:0", (1,), 2, 40, 1, 0, 4, 16, 8, True, 64,
                      naive_pivots=0, check_pivots=2, check_max_tokens=8, check_default=True),
     # the embedded configuration's shape (params/embedded.yaml), within 10 minutes on 2 CPU cores
-    "small": Workload("small", EMBEDDED, (0, 1), 1, 320, 2, 96, 4, 128, 32, True, 64,
+    "small": Workload("small", EMBEDDED, (0, 1), 1, 320, 2, 64, 4, 96, 32, True, 64,
                       naive_pivots=1, check_pivots=1, check_max_tokens=8, check_default=False),
     # the paper's sizes (K=4, 400-token continuations, pivots anywhere, no early stop), for the GPU
     "paper": Workload("paper", EMBEDDED, tuple(range(8)), 2, 512, 5, 0, 4, 400, 32, False, 320,
@@ -201,9 +201,10 @@ def build_workload(engine, wl: Workload, log=print):
     seeds = {(pid, r): trunk_seed(pid, r) for pid in wl.problems for r in range(wl.n_rollouts)}
     trunks, _ = engine.sample_trunks(prompts, wl.n_rollouts, seeds, wl.temperature, wl.top_p,
                                      wl.max_trunk_tokens, 5)
-    rows = [{"problem_id": pid, "rollout": t.rollout, "prompt_ids": t.prompt_ids, "gen_ids": t.gen_ids,
-             "topk_ids": t.topk_ids, "topk_logprobs": t.topk_logprobs,
-             "correct": grade(engine.decode(t.gen_ids), problems[pid].gold, "gsm8k")}
+    rows = [{"problem_id": pid, "rollout": t.rollout, "seed": t.seed, "kept": True, "prompt_ids": t.prompt_ids,
+             "gen_ids": t.gen_ids, "topk_ids": t.topk_ids, "topk_logprobs": t.topk_logprobs,
+             "correct": grade(engine.decode(t.gen_ids), problems[pid].gold, "gsm8k"),
+             "finish_reason": t.finish_reason, "n_tokens": len(t.gen_ids)}
             for pid in wl.problems for t in trunks[pid]]
     trunks_df = pd.DataFrame(rows)
     params = make({"config": f"bench-{wl.name}", "model": wl.model, "margin_threshold": wl.margin_threshold,
@@ -370,12 +371,13 @@ def reference_pivot(engine, job, settings: PassSettings) -> PivotOutput:
         for kind in [*range(settings.k), "probe"]:
             greedy = kind == "probe"
             logits, cache, mask, _ = engine._prefill([job.prefix_ids(arm)])
-            # the same row settings as HFEngine._run_rows gives every row (probes included)
+            # continuations may stop at a complete answer; probes are greedy and fixed-length
+            stop = settings.stop_at_answer and not greedy
             rows = _Rows(seeds=[0 if greedy else job.seeds[arm][kind]],
                          temperature=[0.0 if greedy else settings.temperature],
                          top_p=[1.0 if greedy else settings.top_p],
                          max_new=[settings.probe_tokens if greedy else settings.max_tokens],
-                         stop_at_answer=settings.stop_at_answer, prefix_text=None if text is None else [text])
+                         stop_at_answer=stop, prefix_text=[text] if stop else None)
             tokens = engine._decode(logits, cache, mask, [job.abs_pos + 1], rows)[0][0]
             if greedy:
                 probe_ids[arm] = tokens[:settings.probe_tokens]

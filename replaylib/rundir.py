@@ -155,7 +155,11 @@ class StageDir:
     def begin(self) -> "StageDir":
         for stage in self.params.data_upstream(self.stage):
             self.check_upstream(stage)
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OSError(f"{self.path}: cannot create the run directory ({e.strerror or e}); fix the path "
+                          f"or set REPLAYLIB_OUT") from None
         free = shutil.disk_usage(self.path).free
         if free < MIN_FREE_BYTES:
             raise OSError(f"{self.path}: only {free >> 20} MiB free on this disk; free space or set REPLAYLIB_OUT")
