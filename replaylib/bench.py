@@ -460,6 +460,14 @@ def report(ours: PhaseResult, naive: PhaseResult, log=print):
         f"(in brackets: above what was in use when the phase began)")
 
 
+def _load() -> str:
+    """The 1-minute load average: on a shared machine, other work slows both phases."""
+    try:
+        return f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+    except OSError:
+        return "load average unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m replaylib.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -511,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
         f"top_p={wl.top_p}, max_batch_rows {wl.max_batch_rows}")
     t0 = time.perf_counter()
     jobs, gold, _ = build_workload(engine, wl, log)
-    log(f"setup: trunks sampled and pivots mined in {time.perf_counter() - t0:.1f} s (not benchmarked)")
+    log(f"setup: trunks sampled and pivots mined in {time.perf_counter() - t0:.1f} s (not benchmarked; {_load()})")
     if not jobs:
         log("no pivots in this workload; nothing to benchmark")
         return 2
@@ -522,10 +530,10 @@ def main(argv: list[str] | None = None) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
         log(f"(a) ours: HFEngine.run_pass refeed over {len(jobs)} pivots ...")
         ours, _ = run_ours(engine, jobs, gold, settings, out_dir)
-        log(f"    {ours.tokens} tokens in {ours.seconds:.1f} s")
+        log(f"    {ours.tokens} tokens in {ours.seconds:.1f} s ({_load()})")
         log(f"(b) naive: model.generate one request at a time over {len(naive_jobs)} of the {len(jobs)} pivots ...")
         naive, _ = run_naive(engine, naive_jobs, gold, settings, out_dir)
-        log(f"    {naive.tokens} tokens in {naive.seconds:.1f} s")
+        log(f"    {naive.tokens} tokens in {naive.seconds:.1f} s ({_load()})")
 
     ok = True
     if check:
