@@ -23,6 +23,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from .data import sha256_file
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 EMBEDDED_MODELS = {
@@ -56,14 +58,6 @@ def log(msg: str) -> None:
 def models_dir() -> Path:
     env = os.environ.get("REPLAYLIB_MODELS")
     return Path(env) if env else REPO_ROOT / "models"
-
-
-def sha256_file(path: Path | str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _tmp_sibling(final: Path) -> Path:

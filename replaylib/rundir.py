@@ -6,7 +6,6 @@ written to a temporary name and renamed, and `finish` writes the manifest, then 
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -18,6 +17,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from .data import sha256_file  # noqa: F401  (re-exported: stats and tests use rundir.sha256_file)
 from .params import STAGES, Params
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,14 +35,6 @@ def figures_dir(config: str, out_dir=None) -> Path:
 
 def tables_dir(config: str, out_dir=None) -> Path:
     return out_root(out_dir) / "tables" / config
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
