@@ -47,10 +47,11 @@ def test_killed_replay_resumes_to_the_same_records(tmp_path):
     rng = random.Random(0)
     kills = 0
     for _ in range(4):  # kill at random points: during start-up, mid-problem, between shards
-        if replay_in_subprocess(overrides, crashed, kill_after=rng.uniform(0.3, 0.9) * duration) == 0:
+        if replay_in_subprocess(overrides, crashed, kill_after=rng.uniform(0.2, 0.7) * duration) == 0:
             break  # it finished before the kill
+        if (crashed / stage / "DONE").exists():
+            break  # killed while exiting after DONE: the stage was complete (checked below)
         kills += 1
-        assert not (crashed / stage / "DONE").exists()
     assert kills >= 1
     assert replay_in_subprocess(overrides, crashed) == 0
     result = pd.read_parquet(crashed / stage / "records.parquet")
