@@ -1,6 +1,7 @@
 """Benchmark: the replay of a fixed workload, this package's engine against a naive baseline.
 
     python -m replaylib.bench --device cpu|cuda [--workload small|paper|tiny] [--check-invariant]
+                              [--engine hf|vllm] [--bandwidth-tbs 4.8]
 
 A workload fixes the model, the problems, the trunks (sampled by the engine itself with
 the seeds of replaylib.engine.trunk_seed), the pivots (replaylib.pivots.mine with a fixed
@@ -180,6 +181,7 @@ class PhaseResult:
     peak_bytes: int
     start_bytes: int
     peak_label: str
+    traffic: "DecodeTraffic | None" = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -258,9 +260,64 @@ def grade_and_write(engine, jobs, outs, gold, clock: Clock, out_dir: Path, tag: 
 
 
 # ---------------------------------------------------------------- (a) this package's engine
+class DecodeTraffic:
+    """Bytes a decode step must read at least: the weights once, and every row's KV context.
+
+    Counted on the engine's own forward calls of one token per row: rows and the cache
+    length before the step (left padding included: the attention reads it too)."""
+
+    def __init__(self, model):
+        seen, self.weight_bytes = set(), 0
+        for t in [*model.parameters(), *model.buffers()]:
+            if t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                self.weight_bytes += t.numel() * t.element_size()
+        emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+        if head is not None and emb.weight.data_ptr() != getattr(head, "weight", emb.weight).data_ptr():
+            self.weight_bytes -= emb.weight.numel() * emb.weight.element_size()  # a lookup, not a full read
+        cfg = model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        kv_dtype = next(model.parameters()).dtype
+        itemsize = torch.finfo(kv_dtype).bits // 8 if kv_dtype.is_floating_point else 2
+        self.kv_bytes_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * itemsize
+        self.steps, self.rows, self.context = 0, 0, 0
+
+    def add_step(self, rows: int, context: int):
+        self.steps += 1
+        self.rows += rows
+        self.context += rows * context
+
+    def ideal_seconds(self, bytes_per_s: float) -> float:
+        return (self.steps * self.weight_bytes + self.context * self.kv_bytes_per_token) / bytes_per_s
+
+    def describe(self, measured_s: float, bytes_per_s: float | None, what: str) -> str:
+        if not self.steps:
+            return f"decode traffic ({what}): no decode steps counted"
+        per_step = (self.steps * self.weight_bytes + self.context * self.kv_bytes_per_token) / self.steps
+        line = (f"decode traffic ({what}): {self.steps} steps, {self.rows / self.steps:.1f} rows and "
+                f"{self.context / max(1, self.rows):.0f} context tokens per row on average; weights "
+                f"{self.weight_bytes / 1e9:.3f} GB + KV {self.kv_bytes_per_token / 1024:.1f} KiB per context token "
+                f"= {per_step / 1e9:.3f} GB read per step")
+        if bytes_per_s:
+            ideal = self.ideal_seconds(bytes_per_s)
+            line += (f"; at {bytes_per_s / 1e12:.2f} TB/s that is {ideal:.3f} s against {measured_s:.2f} s measured: "
+                     f"{100 * ideal / measured_s:.2f}% of the memory-bandwidth bound")
+        return line
+
+
 def run_ours(engine, jobs, gold, settings: PassSettings, out_dir: Path) -> tuple[PhaseResult, list]:
     clock = Clock(engine.device)
-    undo = [clock.wrap(engine, "_prefill", "prefill"), clock.wrap(engine, "_decode", "decode")]
+    traffic = DecodeTraffic(engine.model)
+    forward = engine._forward
+
+    def counted_forward(ids, positions, cache, mask):
+        if ids.shape[1] == 1:
+            traffic.add_step(ids.shape[0], cache.get_seq_length() + 1)
+        return forward(ids, positions, cache, mask)
+
+    engine._forward = counted_forward
+    undo = [clock.wrap(engine, "_prefill", "prefill"), clock.wrap(engine, "_decode", "decode"),
+            lambda: delattr(engine, "_forward")]
     try:
         with PeakMemory(engine.device) as mem:
             t0 = clock.now()
@@ -275,8 +332,42 @@ def run_ours(engine, jobs, gold, settings: PassSettings, out_dir: Path) -> tuple
     split = {"prefill": t.get("prefill", 0.0), "decode": t.get("decode", 0.0), "grading": t["grading"],
              "io": t["io"]}
     split["other"] = max(0.0, total - sum(split.values()))  # KV assembly of the rows, first-step logprobs
-    return PhaseResult("ours", len(jobs), len(jobs) * 2 * (settings.k + 1), sum(generated_tokens(o) for o in outs),
-                       total, split, mem.peak_bytes, mem.start_bytes, mem.label), outs
+    return PhaseResult("ours (HFEngine refeed)", len(jobs), len(jobs) * 2 * (settings.k + 1),
+                       sum(generated_tokens(o) for o in outs), total, split, mem.peak_bytes, mem.start_bytes,
+                       mem.label, traffic), outs
+
+
+# ---------------------------------------------------------------- (a') the vLLM engine
+def vllm_engine(model_path: str, wl: Workload, gpu_memory_utilization: float):
+    from .engine_vllm import VLLMEngine
+    params = make({"config": f"bench-{wl.name}", "model": model_path, "engine": "vllm", "device": "cuda",
+                   "dtype": wl.dtype, "gpu_memory_utilization": gpu_memory_utilization, "enforce_eager": False,
+                   "temperature": wl.temperature, "top_p": wl.top_p, "max_trunk_tokens": wl.max_trunk_tokens},
+                  where=f"bench workload {wl.name}")
+    return VLLMEngine.from_params(params)
+
+
+def run_vllm(engine, hf_model, jobs, gold, settings: PassSettings, out_dir: Path) -> tuple[PhaseResult, list]:
+    """VLLMEngine.run_pass refeed over the same jobs: one generate call (prefill and decode together)."""
+    clock = Clock(torch.device("cuda"))
+    with PeakMemory(torch.device("cuda")) as mem:
+        t0 = clock.now()
+        outs = engine.run_pass(jobs, "refeed", settings, None)
+        clock.add("generate", clock.now() - t0)
+        grade_and_write(engine, jobs, outs, gold, clock, out_dir, "vllm")
+        total = clock.now() - t0
+    # vLLM's steps are not visible from here: every request of the pass is admitted at once (one call,
+    # fewer requests than max_num_seqs), so the decode takes at least as many steps as the longest request
+    traffic = DecodeTraffic(hf_model)
+    lengths = [(job.abs_pos + 1, len(c)) for job, o in zip(jobs, outs) for arm in ARMS
+               for c in [*o.continuations[arm], o.probe_ids[arm]]]
+    traffic.steps = max(n for _, n in lengths)
+    traffic.rows = sum(n for _, n in lengths)
+    traffic.context = sum(n * p + n * (n + 1) // 2 for p, n in lengths)
+    split = {"prefill": 0.0, "decode": clock.t["generate"], "grading": clock.t["grading"], "io": clock.t["io"]}
+    split["other"] = max(0.0, total - sum(split.values()))
+    return PhaseResult("ours (vLLM refeed)", len(jobs), len(lengths), sum(generated_tokens(o) for o in outs),
+                       total, split, mem.peak_bytes, mem.start_bytes, mem.label, traffic), outs
 
 
 # ---------------------------------------------------------------- (b) naive: model.generate per request
@@ -357,7 +448,8 @@ def run_naive(engine, jobs, gold, settings: PassSettings, out_dir: Path) -> tupl
     split = {"prefill": t.get("prefill", 0.0), "decode": t["generate"] - t.get("prefill", 0.0),
              "grading": t["grading"], "io": t["io"]}
     split["other"] = max(0.0, total - sum(split.values()))
-    return PhaseResult("naive", len(jobs), len(jobs) * 2 * (settings.k + 1), sum(generated_tokens(o) for o in outs),
+    return PhaseResult("naive (generate x1)", len(jobs), len(jobs) * 2 * (settings.k + 1),
+                       sum(generated_tokens(o) for o in outs),
                        total, split, mem.peak_bytes, mem.start_bytes, mem.label), outs
 
 
@@ -442,22 +534,28 @@ def _mib(r: PhaseResult) -> str:
     return f"{r.peak_bytes / 2**20:.0f} MiB (+{max(0, r.peak_bytes - r.start_bytes) / 2**20:.0f})"
 
 
-def report(ours: PhaseResult, naive: PhaseResult, log=print):
+def report(phases: list[PhaseResult], bytes_per_s: float | None, log=print):
     w = 26
-    rows = [("pivots", f"{ours.pivots}", f"{naive.pivots}"),
-            ("requests (K+1 per arm)", f"{ours.requests}", f"{naive.requests}"),
-            ("generated tokens", f"{ours.tokens}", f"{naive.tokens}"),
-            ("wall time", f"{ours.seconds:.2f} s", f"{naive.seconds:.2f} s"),
-            ("continuation tokens/s", f"{ours.tokens_per_s:.2f}", f"{naive.tokens_per_s:.2f}"),
-            ("pivots/minute", f"{ours.pivots_per_min:.2f}", f"{naive.pivots_per_min:.2f}"),
-            ("peak memory", _mib(ours), _mib(naive))]
-    log(f"{'':{w}} {'ours (HFEngine refeed)':>24} {'naive (generate x1)':>24}")
-    for name, a, b in rows:
-        log(f"{name:{w}} {a:>24} {b:>24}")
-    for key, a, b in zip(("prefill", "decode", "grading", "I/O", "other"), _fmt_split(ours), _fmt_split(naive)):
-        log(f"{'time: ' + key:{w}} {a:>24} {b:>24}")
-    log(f"peak memory: the {ours.peak_label} during each phase, model weights included "
+    rows = [("pivots", lambda r: f"{r.pivots}"), ("requests (K+1 per arm)", lambda r: f"{r.requests}"),
+            ("generated tokens", lambda r: f"{r.tokens}"), ("wall time", lambda r: f"{r.seconds:.2f} s"),
+            ("continuation tokens/s", lambda r: f"{r.tokens_per_s:.2f}"),
+            ("pivots/minute", lambda r: f"{r.pivots_per_min:.2f}"), ("peak memory", _mib)]
+    log(f"{'':{w}}" + "".join(f" {r.name:>24}" for r in phases))
+    for name, cell in rows:
+        log(f"{name:{w}}" + "".join(f" {cell(r):>24}" for r in phases))
+    splits = [_fmt_split(r) for r in phases]
+    for i, key in enumerate(("prefill", "decode", "grading", "I/O", "other")):
+        log(f"{'time: ' + key:{w}}" + "".join(f" {s[i]:>24}" for s in splits))
+    log(f"peak memory: the {phases[0].peak_label} during each phase, model weights included "
         f"(in brackets: above what was in use when the phase began)")
+    for r in phases:
+        if r.traffic is not None:
+            what = r.name + (": steps estimated as the longest request, a lower bound, so the fraction is too;"
+                             " prefill included in the measured time" if "vLLM" in r.name else "")
+            log(r.traffic.describe(r.split["decode"], bytes_per_s, what))
+    if any("vLLM" in r.name for r in phases):
+        log("vLLM: prefill and decode run in one engine call, shown as decode; its continuations run to EOS or "
+            "the length limit (no stop at the answer), so it generates more tokens than the other phases")
 
 
 def _load() -> str:
@@ -478,7 +576,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="assert fast path == slow reference in invariant mode (default: on for tiny only)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own choice)")
     parser.add_argument("--out", help="keep the records written by both phases in this directory")
+    parser.add_argument("--engine", choices=["hf", "vllm"], default="hf",
+                        help="vllm (CUDA): also replay with the vLLM engine; the last line then reports it")
+    parser.add_argument("--bandwidth-tbs", type=float,
+                        help="memory bandwidth in TB/s for the decode bound (default: 4.8, an H200, on cuda; "
+                             "none on cpu)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.3, help="the vLLM engine's share")
     args = parser.parse_args(argv)
+    if args.engine == "vllm" and args.device != "cuda":
+        parser.error("--engine vllm runs on CUDA only: add --device cuda")
+    bandwidth = args.bandwidth_tbs if args.bandwidth_tbs else (4.8 if args.device == "cuda" else None)
+    bytes_per_s = bandwidth * 1e12 if bandwidth else None
 
     from transformers.utils import logging as hf_logging
     hf_logging.set_verbosity_error()
@@ -534,6 +642,16 @@ def main(argv: list[str] | None = None) -> int:
         log(f"(b) naive: model.generate one request at a time over {len(naive_jobs)} of the {len(jobs)} pivots ...")
         naive, _ = run_naive(engine, naive_jobs, gold, settings, out_dir)
         log(f"    {naive.tokens} tokens in {naive.seconds:.1f} s ({_load()})")
+        phases = [ours, naive]
+        if args.engine == "vllm":
+            t0 = time.perf_counter()
+            v_engine = vllm_engine(model_path, wl, args.gpu_memory_utilization)
+            log(f"(a') vLLM {v_engine.version}: engine started in {time.perf_counter() - t0:.1f} s "
+                f"({v_engine.describe()}); VLLMEngine.run_pass refeed over {len(jobs)} pivots ...")
+            run_vllm(v_engine, engine.model, jobs[:1], gold, settings, out_dir)  # warm-up: graphs, caches
+            v_ours, _ = run_vllm(v_engine, engine.model, jobs, gold, settings, out_dir)
+            log(f"    {v_ours.tokens} tokens in {v_ours.seconds:.1f} s (after a one-pivot warm-up)")
+            phases.insert(1, v_ours)
 
     ok = True
     if check:
@@ -541,10 +659,14 @@ def main(argv: list[str] | None = None) -> int:
         ok = check_invariant(model_path, wl, args.device, jobs, log)
     else:
         log("invariant check: not run (--check-invariant to run it)")
-    report(ours, naive, log)
+    report(phases, bytes_per_s, log)
     log(f"total benchmark time {time.perf_counter() - started:.1f} s")
-    ratio = ours.tokens_per_s / naive.tokens_per_s if naive.tokens_per_s > 0 else float("inf")
-    log(LAST_LINE.format(ratio=ratio, ours=ours.tokens_per_s, naive=naive.tokens_per_s))
+    best = phases[1] if args.engine == "vllm" else ours
+    if args.engine == "vllm":
+        log(f"HFEngine: speedup_vs_naive={ours.tokens_per_s / naive.tokens_per_s if naive.tokens_per_s else 0:.3f} "
+            f"tokens_per_s={ours.tokens_per_s:.2f}")
+    ratio = best.tokens_per_s / naive.tokens_per_s if naive.tokens_per_s > 0 else float("inf")
+    log(LAST_LINE.format(ratio=ratio, ours=best.tokens_per_s, naive=naive.tokens_per_s))
     return 0 if ok else 1
 
 

@@ -48,6 +48,10 @@ that source, the comment names it.
   identical (24/24); docs/gpu-h200.md.
 - vLLM cannot compare the first post-pivot step with the trunk's own
   (first_step_exact is None).
+- Extra passes: refeed2 is a second refeed (reset, same batch); serial sends every request
+  alone on a freshly reset cache (a batch of one, its prefix prefilled alone; slow: one
+  generate call per request); block16 is the transformers engine's imitation of what the
+  exact passes already are here, so it is refused.
 """
 from __future__ import annotations
 
@@ -327,9 +331,9 @@ class VLLMEngine:
     def run_pass(self, jobs: list[PivotJob], pass_name: str, settings: PassSettings, state: dict | None,
                  tok_text=None) -> list[PivotOutput]:
         """One pass over pivot jobs: exact* resumes the resident trunk blocks; refeed* resets first."""
-        if pass_name in ("serial", "block16"):
-            raise ValueError(f"pass '{pass_name}' is implemented on the transformers engine only (vLLM's exact "
-                             f"passes are block-granular already); leave it out of passes with engine: vllm")
+        if pass_name == "block16":
+            raise ValueError("pass 'block16' is the transformers engine's imitation of a paged cache; on vLLM the "
+                             "exact passes are block-granular resumes already; leave it out of passes with engine: vllm")
         exact = pass_name.startswith("exact")
         if not jobs:
             return []
@@ -337,6 +341,8 @@ class VLLMEngine:
             if state is None:
                 raise ValueError(f"pass {pass_name}: call problem_state first (the trunk blocks must be resident)")
             chunks = self._split(jobs, settings, state)
+        elif pass_name == "serial":
+            return self._run(jobs, pass_name, settings, None, alone=True)
         else:
             self._reset(f"{pass_name} pass")  # a failed reset would make this a third exact pass
             chunks = [jobs]
@@ -351,8 +357,14 @@ class VLLMEngine:
             outputs += self._run(chunk, pass_name, settings, state if exact else None)
         return outputs
 
-    def _run(self, jobs: list[PivotJob], pass_name: str, settings: PassSettings, state: dict | None):
-        """All requests of these jobs in one generate call, mapped back to pivot and arm."""
+    def _run(self, jobs: list[PivotJob], pass_name: str, settings: PassSettings, state: dict | None,
+             alone: bool = False):
+        """All requests of these jobs in one generate call, mapped back to pivot and arm.
+
+        alone (the serial pass): every request in its own generate call on a freshly reset
+        prefix cache, so its whole prefix is prefilled in a batch of one; a request that still
+        finds cached tokens stops the run (the reset did not happen).
+        """
         layout, prompts, params = [], [], []
         for j, job in enumerate(jobs):
             for arm in ARMS:
@@ -365,7 +377,19 @@ class VLLMEngine:
                 prompts.append(ids)
                 params.append(self.SamplingParams(temperature=0.0, max_tokens=settings.probe_tokens, logprobs=1,
                                                   detokenize=False))
-        outs, preempted = self._generate(prompts, params, f"{pass_name} pass")
+        if alone:
+            outs, preempted = [], 0
+            for i, (prompt, sp) in enumerate(zip(prompts, params)):
+                self._reset(f"{pass_name} request {i}")
+                out, n = self._generate([prompt], [sp], f"{pass_name} pass")
+                if out[0].num_cached_tokens:
+                    raise RuntimeError(f"config '{self.config}': a {pass_name} request found {out[0].num_cached_tokens} "
+                                       f"cached tokens right after a prefix-cache reset; the serial control "
+                                       f"would not be a fresh prefill, so the run stops")
+                outs.append(out[0])
+                preempted = None if n is None or preempted is None else preempted + n
+        else:
+            outs, preempted = self._generate(prompts, params, f"{pass_name} pass")
         per_job = [{"conts": {a: [] for a in ARMS}, "probe": {}, "lp": {}, "cached": []} for _ in jobs]
         for (j, arm, kind), out in zip(layout, outs):
             comp, rec = out.outputs[0], per_job[j]

@@ -177,7 +177,11 @@ def make(overrides: dict, where: str = "parameters") -> Params:
             hint = f"did you mean '{close[0]}'?" if close else "see replaylib/params.py for the known ones"
             raise ValueError(f"{where}: unknown parameter '{name}' ({hint})")
         clean[name] = _check_type(name, value, where)
-    return Params(**clean)
+    params = Params(**clean)
+    if params.engine == "vllm" and "block16" in params.passes:
+        raise ValueError(f"{where}: parameter 'passes' has block16, which the vllm engine does not run (its exact "
+                         f"passes are block-granular resumes already); remove block16 or set engine: hf")
+    return params
 
 
 def load(path: str | Path) -> Params:

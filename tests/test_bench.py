@@ -10,7 +10,7 @@ LAST = re.compile(r"^speedup_vs_naive=(\S+) tokens_per_s=(\S+) naive_tokens_per_
 
 
 def test_tiny_workload_end_to_end(isolated_models, capsys):
-    assert bench.main(["--device", "cpu", "--workload", "tiny"]) == 0
+    assert bench.main(["--device", "cpu", "--workload", "tiny", "--bandwidth-tbs", "0.05"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     match = LAST.match(lines[-1])
     assert match, lines[-1]
@@ -22,6 +22,25 @@ def test_tiny_workload_end_to_end(isolated_models, capsys):
     for label in ("continuation tokens/s", "pivots/minute", "peak memory", "time: prefill", "time: decode",
                   "time: grading", "time: I/O"):
         assert label in text
+    traffic = re.search(r"decode traffic \(ours.*: (\d+) steps.* ([\d.]+)% of the memory-bandwidth bound", text)
+    assert traffic and int(traffic.group(1)) > 0 and 0 < float(traffic.group(2)) < 100
+
+
+def test_decode_traffic_counts_weights_once_and_kv_per_context_token(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype="bfloat16")
+    traffic = bench.DecodeTraffic(model)
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    assert traffic.kv_bytes_per_token == 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 2
+    unique = {p.data_ptr(): p.numel() * 2 for p in model.parameters()}
+    assert traffic.weight_bytes >= sum(unique.values()) - (0 if cfg.tie_word_embeddings
+                                                          else model.get_input_embeddings().weight.numel() * 2)
+    traffic.add_step(rows=3, context=10)
+    traffic.add_step(rows=2, context=11)
+    expected = 2 * traffic.weight_bytes + (30 + 22) * traffic.kv_bytes_per_token
+    assert traffic.ideal_seconds(1e9) == pytest.approx(expected / 1e9)
+    assert "2 steps, 2.5 rows" in traffic.describe(1.0, 1e9, "x")
 
 
 def _out(conts, probe, lp):

@@ -290,6 +290,27 @@ def test_refeed_resets_first_and_aborts_when_the_reset_fails(replay_setup):
     assert "generate" not in fake.events
 
 
+def test_serial_pass_sends_every_request_alone_on_a_fresh_cache(replay_setup):
+    engine, fake, trunks, _, state, _ = replay_setup
+    jobs = jobs_for(trunks, 0, SETTINGS.k)
+    refeed = engine.run_pass(jobs, "refeed", SETTINGS, state)
+    fake.events.clear()
+    fake.calls.clear()
+    serial = engine.run_pass(jobs, "serial", SETTINGS, state)
+    n_requests = len(jobs) * 2 * (SETTINGS.k + 1)
+    assert fake.events == ["reset", "generate"] * n_requests
+    assert all(len(prompts) == 1 for prompts, _ in fake.calls)
+    assert all(o.resume["min_cached_tokens"] == 0 and "state_ok" not in o.resume for o in serial)
+    # the same requests as the batched refeed, mapped back to the same pivots and arms
+    assert [(o.pivot_id, o.continuations, o.probe_ids) for o in serial] == \
+        [(o.pivot_id, o.continuations, o.probe_ids) for o in refeed]
+    fake.force_cached = 16  # a reset that did not take effect: the control stops
+    with pytest.raises(RuntimeError, match="cached tokens right after a prefix-cache reset"):
+        engine.run_pass(jobs, "serial", SETTINGS, state)
+    with pytest.raises(ValueError, match="block16"):
+        engine.run_pass(jobs, "block16", SETTINGS, state)
+
+
 def test_work_is_split_to_keep_the_trunk_blocks_from_eviction():
     engine, fake = make(FakeLLM(num_gpu_blocks=10_000))
     trunks, _, _, _ = sample(engine)

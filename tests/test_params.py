@@ -73,3 +73,11 @@ def test_from_notebook_reads_declared_names_only():
     ns = {"config": "c", "k": 8, "unrelated": 1, "margin_threshold": 0.5}
     p = params.from_notebook(ns, "03_three_pass_replay")
     assert (p.config, p.k, p.margin_threshold) == ("c", 8, 0.5)
+
+
+def test_block16_with_the_vllm_engine_is_refused_when_the_params_are_read():
+    with pytest.raises(ValueError, match="block16.*engine: hf"):
+        params.make({"engine": "vllm", "device": "cuda", "passes": ["exact1", "exact2", "refeed", "block16"]},
+                    where="x.yaml")
+    ok = params.make({"engine": "vllm", "device": "cuda", "passes": ["exact1", "exact2", "refeed", "serial"]})
+    assert ok.passes[-1] == "serial"
