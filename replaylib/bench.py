@@ -87,7 +87,7 @@ WORKLOADS = {
     "tiny": Workload("tiny", "tiny:0", (1,), 2, 40, 1, 0, 4, 16, 8, True, 64,
                      naive_pivots=0, check_pivots=2, check_max_tokens=8, check_default=True),
     # the embedded configuration's shape (params/embedded.yaml), within 10 minutes on 2 CPU cores
-    "small": Workload("small", EMBEDDED, (0, 1), 1, 320, 2, 64, 4, 96, 32, True, 64,
+    "small": Workload("small", EMBEDDED, (0, 1), 1, 320, 2, 64, 4, 96, 32, True, 128,
                       naive_pivots=1, check_pivots=1, check_max_tokens=8, check_default=False),
     # the paper's sizes (K=4, 400-token continuations, pivots anywhere, no early stop), for the GPU
     "paper": Workload("paper", EMBEDDED, tuple(range(8)), 2, 512, 5, 0, 4, 400, 32, False, 320,

@@ -111,7 +111,7 @@ class HFEngine:
     name = "hf"
 
     def __init__(self, model_path: str, device: str = "cpu", dtype: str = "bfloat16",
-                 invariant: bool = False, max_batch_rows: int = 64):
+                 invariant: bool = False, max_batch_rows: int = 128):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -317,6 +317,8 @@ class HFEngine:
         alone = self.invariant or kind == "serial"
         rows_per_job = 2 * (settings.k + 1) + 1
         per_chunk = 1 if alone else max(1, self.max_batch_rows // rows_per_job)
+        # even chunks: every decode step pays for reading the weights, so 6 pivots run as 3 + 3, not 5 + 1
+        per_chunk = -(-len(jobs) // -(-len(jobs) // per_chunk)) if jobs else 1
         outputs = []
         for start in range(0, len(jobs), per_chunk):
             outputs += self._run_chunk(jobs[start:start + per_chunk], kind, settings, state, alone)

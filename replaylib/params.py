@@ -74,7 +74,8 @@ class Params:
     top_p: float = _p("01_sampling", 0.95, "trunk nucleus sampling")
     max_trunk_tokens: int = _p("01_sampling", 320, "trunk length limit")
     top_logprobs: int = _p("01_sampling", 5, "raw top-k logprobs kept per generated token")
-    max_batch_rows: int = _p("01_sampling", 64, "largest batch the transformers engine runs at once")
+    max_batch_rows: int = _p("01_sampling", 128, "largest batch the transformers engine runs at once (on a CPU a "
+                                                        "decode step costs about as much for 16 rows as for 1, so fill it)")
     gpu_memory_utilization: float = _p("01_sampling", 0.92, "vLLM: share of GPU memory for weights and KV blocks")
     max_model_len: int = _p("01_sampling", 4096, "vLLM: context length")
     attention_backend: str = _p("01_sampling", "", "vLLM attention backend (empty: the engine default)")
@@ -85,14 +86,14 @@ class Params:
     margin_threshold: float = _p("02_pivot_mining", 1.0, "pivot if top1 - top2 logprob < this")
     block_size: int = _p("02_pivot_mining", 1, "1: any token (exact resume anywhere); 16: the paper's paged-cache filter")
     boundary_slack: int = _p("02_pivot_mining", 2, "with block_size above 1, abs_pos mod block_size must be at most this")
-    max_pivots_per_rollout: int = _p("02_pivot_mining", 2, "earliest pivots first")
+    max_pivots_per_rollout: int = _p("02_pivot_mining", 1, "earliest pivots first")
     min_rollout_tokens: int = _p("02_pivot_mining", 16, "rollouts shorter than this are skipped")
     pivot_window: int = _p("02_pivot_mining", 64, "only pivots among the last N generated tokens (0: anywhere)")
     # --- 03 three-pass replay
     k: int = _p("03_three_pass_replay", 4, "sampled continuations per arm")
     cont_temperature: float = _p("03_three_pass_replay", 0.7, "continuation temperature (0 for greedy)")
     cont_top_p: float = _p("03_three_pass_replay", 0.95, "continuation nucleus sampling")
-    max_cont_tokens: int = _p("03_three_pass_replay", 96, "continuation length limit")
+    max_cont_tokens: int = _p("03_three_pass_replay", 64, "continuation length limit")
     probe_tokens: int = _p("03_three_pass_replay", 32, "greedy probe length")
     stop_at_answer: bool = _p("03_three_pass_replay", True, "stop a continuation once its final answer is complete")
     passes: list = _l("03_three_pass_replay", ["exact1", "exact2", "refeed"],
@@ -107,7 +108,7 @@ class Params:
     invariant_problems: int = _p("05_batch_invariant", 1, "problems (the first sampled ones) rerun in invariant mode")
     invariant_rollouts: int = _p("05_batch_invariant", 1, "trunks per problem in invariant mode")
     invariant_pivots: int = _p("05_batch_invariant", 1, "pivots per problem (earliest) replayed in invariant mode")
-    invariant_max_cont_tokens: int = _p("05_batch_invariant", 24, "continuation limit in invariant mode")
+    invariant_max_cont_tokens: int = _p("05_batch_invariant", 16, "continuation limit in invariant mode")
 
     # ------------------------------------------------------------------
     @classmethod

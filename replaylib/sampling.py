@@ -25,14 +25,16 @@ STAGE = "01_sampling"
 
 
 def screen_batches(params: Params, n_total: int):
-    """Problem indices to scan, in batches: one more than still needed, within the scan limit."""
+    """Problem indices to scan, in batches: twice as many as still needed, within the scan limit."""
     scanned, next_index = 0, params.problem_start
     limit = params.scan_limit if params.screen_mixed else params.n_problems
     per_batch = max(1, params.max_batch_rows // params.n_rollouts)
 
     def take(still_needed: int) -> list[int]:
         nonlocal scanned, next_index
-        want = still_needed + (1 if params.screen_mixed else 0)
+        # screening keeps about half of the problems: scan twice what is still needed in one batch (a
+        # decode step costs nearly the same for a few more rows); kept problems are still the first ones
+        want = 2 * still_needed if params.screen_mixed else still_needed
         n = max(0, min(want, per_batch, limit - scanned, n_total - next_index))
         batch = list(range(next_index, next_index + n))
         scanned, next_index = scanned + n, next_index + n
