@@ -86,7 +86,8 @@ WORKLOADS = {
     # seconds, for the tests: the tiny random-weight model
     "tiny": Workload("tiny", "tiny:0", (1,), 2, 40, 1, 0, 4, 16, 8, True, 64,
                      naive_pivots=0, check_pivots=2, check_max_tokens=8, check_default=True),
-    # the embedded configuration's shape (params/embedded.yaml), within 10 minutes on 2 CPU cores
+    # the embedded model and pivot shape (K=4, stop at the answer, pivots among the last 64 tokens, 96-token
+    # continuations, 2 pivots per trunk), within 10 minutes on 2 CPU cores
     "small": Workload("small", EMBEDDED, (0, 1), 1, 320, 2, 64, 4, 96, 32, True, 128,
                       naive_pivots=1, check_pivots=1, check_max_tokens=8, check_default=False),
     # the paper's sizes (K=4, 400-token continuations, pivots anywhere, no early stop), for the GPU

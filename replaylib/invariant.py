@@ -50,7 +50,8 @@ def run(params: Params, out_dir=None) -> dict:
     prompts = {pid: engine.prompt_ids(problems[pid].question, params.instruction) for pid in chosen}
     seeds = {(pid, r): trunk_seed(pid, r) for pid in chosen for r in range(params.invariant_rollouts)}
     trunks, state = engine.sample_trunks(prompts, params.invariant_rollouts, seeds, params.temperature,
-                                         params.top_p, params.max_trunk_tokens, params.top_logprobs)
+                                         params.top_p, params.invariant_max_trunk_tokens or params.max_trunk_tokens,
+                                         params.top_logprobs)
     rows = [{"problem_id": t.problem_id, "rollout": t.rollout, "seed": t.seed, "prompt_ids": t.prompt_ids,
              "gen_ids": t.gen_ids,
              "topk_ids": t.topk_ids, "topk_logprobs": t.topk_logprobs,

@@ -69,7 +69,7 @@ class Params:
     n_problems: int = _p("01_sampling", 3, "problems kept")
     screen_mixed: bool = _p("01_sampling", True, "keep a problem only if its trunk accuracy is neither 0 nor 1")
     scan_limit: int = _p("01_sampling", 8, "give up screening after this many problems scanned")
-    n_rollouts: int = _p("01_sampling", 4, "trunks per problem")
+    n_rollouts: int = _p("01_sampling", 3, "trunks per problem")
     temperature: float = _p("01_sampling", 0.7, "trunk sampling temperature")
     top_p: float = _p("01_sampling", 0.95, "trunk nucleus sampling")
     max_trunk_tokens: int = _p("01_sampling", 320, "trunk length limit")
@@ -109,6 +109,8 @@ class Params:
     invariant_rollouts: int = _p("05_batch_invariant", 1, "trunks per problem in invariant mode")
     invariant_pivots: int = _p("05_batch_invariant", 1, "pivots per problem (earliest) replayed in invariant mode")
     invariant_max_cont_tokens: int = _p("05_batch_invariant", 16, "continuation limit in invariant mode")
+    invariant_max_trunk_tokens: int = _p("05_batch_invariant", 160, "trunk length limit in invariant mode (0 means "
+                                                                     "max_trunk_tokens, as in the paper)")
 
     # ------------------------------------------------------------------
     @classmethod
