@@ -269,7 +269,10 @@ class DecodeTraffic:
 
     def __init__(self, model):
         seen, self.weight_bytes = set(), 0
-        for t in [*model.parameters(), *model.buffers()]:
+        # the fp32-accumulate linears keep their fp32 weights as plain attributes: those are what a step reads
+        copies = [getattr(m, name) for m in model.modules() for name in ("weight32", "bias32")
+                  if isinstance(getattr(m, name, None), torch.Tensor)]
+        for t in [*model.parameters(), *model.buffers(), *copies]:
             if t.data_ptr() not in seen:
                 seen.add(t.data_ptr())
                 self.weight_bytes += t.numel() * t.element_size()

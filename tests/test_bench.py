@@ -43,6 +43,14 @@ def test_decode_traffic_counts_weights_once_and_kv_per_context_token(tiny_model_
     assert "2 steps, 2.5 rows" in traffic.describe(1.0, 1e9, "x")
 
 
+def test_decode_traffic_counts_the_fp32_copies_of_swapped_linears(tiny_engine):
+    if tiny_engine.linear_kernel != "fp32-accumulate":
+        pytest.skip("this CPU runs native bf16 linears")
+    linear_fp32 = sum(m.weight32.numel() * 4 for m in tiny_engine.model.modules() if hasattr(m, "weight32"))
+    assert linear_fp32 > 0
+    assert bench.DecodeTraffic(tiny_engine.model).weight_bytes >= linear_fp32
+
+
 def _out(conts, probe, lp):
     return PivotOutput(0, {a: [list(c) for c in conts] for a in ARMS}, {a: list(probe) for a in ARMS},
                        {a: lp for a in ARMS})
