@@ -277,8 +277,10 @@ class DecodeTraffic:
                 seen.add(t.data_ptr())
                 self.weight_bytes += t.numel() * t.element_size()
         emb, head = model.get_input_embeddings(), model.get_output_embeddings()
-        if head is not None and emb.weight.data_ptr() != getattr(head, "weight", emb.weight).data_ptr():
-            self.weight_bytes -= emb.weight.numel() * emb.weight.element_size()  # a lookup, not a full read
+        head_weight = getattr(head, "weight", None)
+        if head is not None and (head_weight is None or head_weight.data_ptr() != emb.weight.data_ptr()):
+            # an untied (or fp32-copied) output layer: the input table is a lookup, not a full read
+            self.weight_bytes -= emb.weight.numel() * emb.weight.element_size()
         cfg = model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kv_dtype = next(model.parameters()).dtype
