@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -318,7 +319,8 @@ class HFEngine:
         rows_per_job = 2 * (settings.k + 1) + 1
         per_chunk = 1 if alone else max(1, self.max_batch_rows // rows_per_job)
         # even chunks: every decode step pays for reading the weights, so 6 pivots run as 3 + 3, not 5 + 1
-        per_chunk = -(-len(jobs) // -(-len(jobs) // per_chunk)) if jobs else 1
+        if jobs:
+            per_chunk = math.ceil(len(jobs) / math.ceil(len(jobs) / per_chunk))
         outputs = []
         for start in range(0, len(jobs), per_chunk):
             outputs += self._run_chunk(jobs[start:start + per_chunk], kind, settings, state, alone)
@@ -410,10 +412,10 @@ class HFEngine:
                 if memo is not None and all((job.pivot_id, a) in memo for a in arms):
                     by_job[j] = {a: memo[(job.pivot_id, a)] for a in arms}
                     continue
-                seqs = [job.prefix_ids(a) for a in arms]  # the arms share a length: no padding
                 if self.invariant and kind != "block" and memo is not None:
                     by_job[j] = self._invariant_refeed(job, arms, memo)
                     continue
+                seqs = [job.prefix_ids(a) for a in arms]  # the arms share a length: no padding
                 if kind == "block":
                     logits, cache = self._prefill_on(state[job.rollout], job.abs_pos // 16 * 16, seqs)
                 else:
