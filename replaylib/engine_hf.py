@@ -284,22 +284,32 @@ class HFEngine:
                 fed = len(prompts[pid]) + len(tokens[b]) - 1  # the last token is never fed back
                 k, v = states[b]
                 state[pid][r] = (k[:, :, pads[b]:pads[b] + fed].clone(), v[:, :, pads[b]:pads[b] + fed].clone())
-        return trunks, state
+        # digests taken as the states are produced: what every later resume is checked against
+        return trunks, {pid: ResidentState.produced(kv) for pid, kv in state.items()}
 
     # ---------------------------------------------------------------- passes
-    def problem_state(self, sampling_dir: Path, problem_id: int, trunks) -> tuple[dict, dict]:
-        """The decode-time KV the sampling stage saved for one problem, and per rollout whether the
-        loaded bits are the saved ones and cover the trunk."""
+    def problem_state(self, sampling_dir: Path, problem_id: int, trunks, expected: dict | None = None,
+                      ) -> tuple["ResidentState", dict]:
+        """The decode-time KV the sampling stage saved for one problem, on this engine's device.
+
+        expected: rollout -> digest taken when the sampling stage produced the state (its
+        manifest). Returns the resident state and, per rollout, whether the tensors now on
+        the device have that digest and cover the trunk. Every exact pass checks the
+        digest again on the tensors it places in the cache (run_pass).
+        """
         path = Path(sampling_dir) / "state" / f"problem_{problem_id:05d}.safetensors"
         if not path.exists():
             raise FileNotFoundError(f"{path}: no saved decode-time state for problem {problem_id}; "
                                     f"rerun the sampling stage with engine: hf")
-        state, verified = load_state(path)
+        loaded, _ = load_state(path)
+        state = ResidentState({r: (k.to(self.device), v.to(self.device)) for r, (k, v) in loaded.items()},
+                              expected or {})
+        verified = {}
         for t in trunks[trunks.problem_id == problem_id].itertuples(index=False):
             length = len(t.prompt_ids) + len(t.gen_ids) - 1
-            if t.rollout not in state or state[t.rollout][0].shape[2] != length:
-                verified[t.rollout] = False
-        return {r: (k.to(self.device), v.to(self.device)) for r, (k, v) in state.items()}, verified
+            verified[t.rollout] = bool(t.rollout in state and state[t.rollout][0].shape[2] == length
+                                       and state.verify(t.rollout))
+        return state, verified
 
     def run_pass(self, jobs: list[PivotJob], pass_name: str, settings: PassSettings, state: dict | None,
                  ) -> list[PivotOutput]:
@@ -315,8 +325,12 @@ class HFEngine:
         kind = pass_kind(pass_name)
         if kind in ("exact", "block") and state is None:
             raise ValueError(f"pass {pass_name}: the decode-time state of the trunks is needed")
+        # the state this pass resumes, digested now (after any device move) against the digest
+        # taken when it was produced: a check that observes the tensors, not a file's own metadata
+        verified = ({r: bool(getattr(state, "verify", lambda _: False)(r)) for r in {j.rollout for j in jobs}}
+                    if kind == "exact" else {})
         alone = self.invariant or kind == "serial"
-        rows_per_job = 2 * (settings.k + 1) + 1
+        rows_per_job = 2 * (settings.k + 1)
         per_chunk = 1 if alone else max(1, self.max_batch_rows // rows_per_job)
         # even chunks: every decode step pays for reading the weights, so 6 pivots run as 3 + 3, not 5 + 1
         if jobs:
@@ -324,32 +338,45 @@ class HFEngine:
         outputs = []
         for start in range(0, len(jobs), per_chunk):
             outputs += self._run_chunk(jobs[start:start + per_chunk], kind, settings, state, alone)
+        for out, job in zip(outputs, jobs):
+            out.resume["min_cached_tokens"] = {"exact": job.abs_pos, "block": job.abs_pos // 16 * 16}.get(kind, 0)
+            placed = out.resume.pop("placed")
+            if kind == "exact":
+                out.resume["state_ok"] = bool(verified[job.rollout] and placed)
         return outputs
 
-    def _row_layout(self, job: PivotJob, settings: PassSettings, kind: str):
-        """Rows of one pivot: for each arm, K sampled continuations then the greedy probe; in
-        exact passes also the actual arm continued with the trunk's own seed ("regen")."""
-        layout = []
-        for arm in ARMS:
-            layout += [(arm, k) for k in range(settings.k)] + [(arm, "probe")]
-        if kind == "exact" and settings.verify_regeneration and job.trunk_rest:
-            layout.append(("actual", "regen"))
-        return layout
+    def check_regeneration(self, jobs: list[PivotJob], settings: PassSettings, state) -> dict:
+        """pivot_id -> whether resuming the actual token with the trunk's own seed regenerates the
+        trunk bit for bit. Runs after the passes, in batches of its own, so that every pass of the
+        measurement sees the same batches (only the prefix state may differ between passes)."""
+        jobs = [j for j in jobs if j.trunk_rest]
+        per_chunk = 1 if self.invariant else self.max_batch_rows
+        result = {}
+        for start in range(0, len(jobs), per_chunk):
+            chunk = jobs[start:start + per_chunk]
+            out = self._run_rows(chunk, [[("actual", "regen")] for _ in chunk], "exact", settings, state)
+            result.update({j.pivot_id: tokens == list(j.trunk_rest) for j, tokens in zip(chunk, out["tokens"])})
+        return result
+
+    @staticmethod
+    def _row_layout(settings: PassSettings):
+        """Rows of one pivot, the same in every pass: per arm, K sampled continuations, then the greedy probe."""
+        return [(arm, k) for arm in ARMS for k in [*range(settings.k), "probe"]]
 
     def _run_chunk(self, jobs, kind, settings, state, alone):
-        layouts = [self._row_layout(j, settings, kind) for j in jobs]
+        layouts = [self._row_layout(settings) for _ in jobs]
         if alone:  # every row alone; an arm's re-fed prefix is computed once and copied
             results = []
             for job, layout in zip(jobs, layouts):
                 memo = {}
                 per_row = [self._run_rows([job], [[row]], kind, settings, state, memo) for row in layout]
-                merged = {key: sum((r[key] for r in per_row), []) for key in ("tokens", "first_lp", "first_topk")}
+                merged = {key: sum((r[key] for r in per_row), []) for key in ROW_FIELDS}
                 results.append(self._collect(job, layout, merged, settings))
             return results
         out = self._run_rows(jobs, layouts, kind, settings, state)
         results, offset = [], 0
         for job, layout in zip(jobs, layouts):
-            part = {key: out[key][offset:offset + len(layout)] for key in ("tokens", "first_lp", "first_topk")}
+            part = {key: out[key][offset:offset + len(layout)] for key in ROW_FIELDS}
             results.append(self._collect(job, layout, part, settings))
             offset += len(layout)
         return results
@@ -438,6 +465,9 @@ class HFEngine:
         cache_k = [torch.stack([pad_kv(keys[r][layer], pads[r]) for r in range(len(lens))]) for layer in range(layers)]
         cache_v = [torch.stack([pad_kv(values[r][layer], pads[r]) for r in range(len(lens))]) for layer in range(layers)]
         cache = self._new_cache(cache_k, cache_v)
+        # the cache holds, bit for bit, the state slices it was built from (no device or dtype change)
+        placed = all(torch.equal(layer.keys, k.to(self.device)) and torch.equal(layer.values, v.to(self.device))
+                     for layer, k, v in zip(cache.layers, cache_k, cache_v))
         mask = torch.tensor([[0] * p + [1] * n for p, n in zip(pads, lens)]) if any(pads) else None
         if kind == "exact":  # feed the forced token at the pivot as a decode step on the saved state
             feed = torch.tensor([[jobs[j].forced[a]] for j, a in zip(row_job, row_arm)])
@@ -466,13 +496,13 @@ class HFEngine:
         first_lp = torch.log_softmax(logits, dim=-1)
         first_values, first_ids = raw_topk(logits, 5)
         tokens, _, _, _, _ = self._decode(logits, cache, mask, [jobs[j].abs_pos + 1 for j in row_job], rows)
-        return {"tokens": tokens,
+        return {"tokens": tokens, "placed": [placed] * len(row_job),
                 "first_lp": [first_lp[r] for r in range(len(row_job))],
                 "first_topk": [(first_ids[r].tolist(), first_values[r].tolist()) for r in range(len(row_job))]}
 
     def _collect(self, job: PivotJob, layout, part, settings) -> PivotOutput:
         conts, probe_ids, probe_lp = {a: [] for a in ARMS}, {}, {}
-        resume = {}
+        resume = {"placed": all(part["placed"])}
         for (arm, what), tokens, first_lp, first_topk in zip(layout, part["tokens"], part["first_lp"],
                                                             part["first_topk"]):
             if what == "probe":
@@ -482,8 +512,6 @@ class HFEngine:
                     # does the first post-pivot step reproduce the trunk's own raw top-k bit for bit?
                     resume["first_step_exact"] = (first_topk[0] == list(job.trunk_next[0])
                                                   and first_topk[1] == list(job.trunk_next[1]))
-            elif what == "regen":
-                resume["regenerates_trunk"] = tokens == list(job.trunk_rest)
             else:
                 conts[arm].append(tokens)
         return PivotOutput(job.pivot_id, conts, probe_ids, probe_lp, resume)
@@ -504,13 +532,35 @@ def _row_state(cache, slot: int):
             torch.stack([layer.values[slot] for layer in cache.layers]))
 
 
+ROW_FIELDS = ("tokens", "placed", "first_lp", "first_topk")
+
+
 def state_digest(keys: torch.Tensor, values: torch.Tensor) -> str:
-    """sha256 of a rollout's decode-time KV, to check that what was loaded is what was saved."""
+    """sha256 of a rollout's decode-time KV (dtype and shape included), on whatever device it is."""
     h = hashlib.sha256()
     for t in (keys, values):
-        h.update(t.contiguous().view(torch.uint8).numpy().tobytes() if t.dtype != torch.bfloat16
-                 else t.contiguous().view(torch.int16).numpy().tobytes())
+        t = t.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update((t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.uint8)).numpy().tobytes())
     return h.hexdigest()
+
+
+class ResidentState(dict):
+    """rollout -> (keys, values) [layers, kv_heads, length, head_dim] on the engine's device, with the
+    digests taken when the state was produced (rollout -> sha256)."""
+
+    def __init__(self, kv: dict, expected: dict):
+        super().__init__(kv)
+        self.expected = {int(r): d for r, d in expected.items()}
+
+    @classmethod
+    def produced(cls, kv: dict) -> "ResidentState":
+        """A state just produced in this process: its digests are taken now."""
+        return cls(kv, {r: state_digest(k, v) for r, (k, v) in kv.items()})
+
+    def verify(self, rollout: int) -> bool:
+        """The tensors held now have the digest taken when they were produced."""
+        return rollout in self and rollout in self.expected and state_digest(*self[rollout]) == self.expected[rollout]
 
 
 def save_state(problem_state: dict, path: Path) -> dict:

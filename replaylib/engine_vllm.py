@@ -256,11 +256,12 @@ class VLLMEngine:
                                                   self.trunk_settings)
         return trunks, None
 
-    def problem_state(self, sampling_dir, problem_id: int, trunks) -> tuple[dict, dict]:
+    def problem_state(self, sampling_dir, problem_id: int, trunks, expected=None) -> tuple[dict, dict]:
         """Make this problem's trunk blocks resident: reset, regenerate, compare with the saved trunks.
 
         trunks: the sampling stage's trunk table (columns problem_id, rollout, seed, prompt_ids,
-        gen_ids, topk_ids, topk_logprobs); sampling_dir is unused (nothing is saved on disk).
+        gen_ids, topk_ids, topk_logprobs); sampling_dir and expected are unused (nothing is saved on
+        disk: the regenerated trunks are compared with the saved ones token and logprob for logprob).
         Returns (state handle, {rollout: regenerated trunk identical to the saved one}).
         """
         if self.trunk_settings is None:
@@ -285,7 +286,8 @@ class VLLMEngine:
         saved = state["saved"]
         regen, preempted = self._trunk_requests(state["problem_id"], state["prompt_ids"],
                                                 [(r, s["seed"]) for r, s in sorted(saved.items())], self.trunk_settings)
-        state["identical"] = {t.rollout: bool(not preempted and t.gen_ids == saved[t.rollout]["gen_ids"]
+        # preempted None: the metrics could not be read, so the regeneration is not known to be clean
+        state["identical"] = {t.rollout: bool(preempted == 0 and t.gen_ids == saved[t.rollout]["gen_ids"]
                                               and t.topk_ids == saved[t.rollout]["topk_ids"]
                                               and t.topk_logprobs == saved[t.rollout]["topk_logprobs"])
                               for t in regen}
@@ -297,6 +299,11 @@ class VLLMEngine:
                         "are flagged", state["problem_id"], bad)
 
     # ---------------------------------------------------------------- passes
+    def check_regeneration(self, jobs, settings, state) -> dict:
+        """Nothing to add: problem_state already regenerates every trunk whole and compares it with
+        the sampling stage's (a rollout that differs flags its pivots)."""
+        return {}
+
     def job_blocks(self, job: PivotJob, settings: PassSettings) -> int:
         """Upper bound on the KV blocks one pivot's requests allocate beyond the cached trunk blocks."""
         cached = job.abs_pos // self.block_size
@@ -346,7 +353,7 @@ class VLLMEngine:
         else:
             self._reset(f"{pass_name} pass")  # a failed reset would make this a third exact pass
             chunks = [jobs]
-        outputs = []
+        outputs, preempted = [], 0
         for chunk in chunks:
             if exact:
                 need = sum(self.job_blocks(j, settings) for j in chunk)
@@ -354,7 +361,14 @@ class VLLMEngine:
                 if state["epoch"] != self.epoch or over:  # reset since, or the pool could evict the trunks
                     self._establish(state)
                 state["allocated"] += need
-            outputs += self._run(chunk, pass_name, settings, state if exact else None)
+            part = self._run(chunk, pass_name, settings, state if exact else None)
+            n = part[0].resume["preemptions"] if part else 0
+            preempted = None if n is None or preempted is None else preempted + n
+            outputs += part
+        for out in outputs:  # the pass's count: any preemption or unknown count leaves no pivot verified
+            out.resume["preemptions"] = preempted
+            if exact:
+                out.resume["state_ok"] = bool(out.resume["state_ok"] and preempted == 0)
         return outputs
 
     def _run(self, jobs: list[PivotJob], pass_name: str, settings: PassSettings, state: dict | None,
@@ -406,6 +420,6 @@ class VLLMEngine:
             if state is not None:
                 hit = all(c >= cache_floor(job.abs_pos, self.block_size) for c in rec["cached"])
                 resume["cache_hit"] = hit
-                resume["state_ok"] = bool(hit and not preempted and state["identical"].get(job.rollout, False))
+                resume["state_ok"] = bool(hit and preempted == 0 and state["identical"].get(job.rollout, False))
             results.append(PivotOutput(job.pivot_id, rec["conts"], rec["probe"], rec["lp"], resume))
         return results

@@ -20,7 +20,7 @@ from .data import load_problems
 from .engine import make_engine, trunk_seed
 from .grading import grade
 from .params import Params
-from .replay import build_jobs, replay_problem
+from .replay import build_jobs, replay_problem, typed
 from .rundir import StageDir, atomic_save, atomic_write_json
 
 log = logging.getLogger("replaylib")
@@ -60,6 +60,9 @@ def run(params: Params, out_dir=None) -> dict:
     trunks_df = pd.DataFrame(rows)
     pivots = pivot_stage.mine(trunks_df, params, engine.special_ids)
     pivots = pivots.groupby("problem_id").head(params.invariant_pivots).reset_index(drop=True)
+    if pivots.empty:
+        raise pivot_stage.NoPivots(pivot_stage.no_pivot_message(params, STAGE) + " (or raise invariant_problems, "
+                                   "invariant_rollouts, invariant_max_trunk_tokens)")
     records = []
     for pid in tqdm(chosen, desc="problems (invariant)"):
         group = pivots[pivots.problem_id == pid]
@@ -68,14 +71,14 @@ def run(params: Params, out_dir=None) -> dict:
         jobs = build_jobs(group, trunks_df[trunks_df.problem_id == pid], params.k)
         if state is None:  # vLLM: the trunks' KV lives in its prefix cache; make it resident again
             resident, verified = engine.problem_state(None, pid, trunks_df)
-        else:  # transformers: the decode-time state, still in memory
-            resident, verified = state[pid], {r: True for r in state[pid]}
+        else:  # transformers: the decode-time state, still in memory (checked against its digests)
+            resident, verified = state[pid], {r: state[pid].verify(r) for r in state[pid]}
         records += replay_problem(engine, jobs, group, resident, verified, problems[pid].gold, params,
                                   max_tokens=params.invariant_max_cont_tokens)
     records = pd.DataFrame(records)
     records["config"] = f"{params.config} (invariant)"
-    report = {"engine": engine.describe(), **(agreement(records, params.passes) if len(records) else
-                                              {"pivots": 0, "all_identical": False})}
+    records = typed(records)
+    report = {"engine": engine.describe(), **agreement(records, params.passes)}
     atomic_save(stage.file("records.parquet"), lambda tmp: records.to_parquet(tmp, index=False))
     atomic_write_json(stage.file("invariant.json"), report)
     if not report["all_identical"]:

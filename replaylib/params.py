@@ -181,6 +181,9 @@ def make(overrides: dict, where: str = "parameters") -> Params:
             raise ValueError(f"{where}: unknown parameter '{name}' ({hint})")
         clean[name] = _check_type(name, value, where)
     params = Params(**clean)
+    if params.engine == "vllm" and params.stop_at_answer:
+        raise ValueError(f"{where}: parameter 'stop_at_answer' is true, which the vllm engine does not implement "
+                         f"(its continuations run to EOS or max_cont_tokens, as in the paper); set stop_at_answer: false")
     if params.engine == "vllm" and "block16" in params.passes:
         raise ValueError(f"{where}: parameter 'passes' has block16, which the vllm engine does not run (its exact "
                          f"passes are block-granular resumes already); remove block16 or set engine: hf")

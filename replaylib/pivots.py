@@ -19,6 +19,23 @@ from .rundir import StageDir, atomic_save
 STAGE = "02_pivot_mining"
 
 
+class NoPivots(RuntimeError):
+    """No trunk has a pivot: nothing to measure."""
+
+
+def no_pivot_message(params: Params, where: str = STAGE) -> str:
+    """One line: no pivot, and which parameters widen the search."""
+    wider = [f"raise margin_threshold (now {params.margin_threshold:g})"]
+    if params.pivot_window:
+        wider.append(f"set pivot_window: 0 (now {params.pivot_window})")
+    if params.block_size > 1:
+        wider.append(f"set block_size: 1 (now {params.block_size})")
+    if params.min_rollout_tokens > 1:
+        wider.append(f"lower min_rollout_tokens (now {params.min_rollout_tokens})")
+    wider.append("or sample more trunks (n_problems, n_rollouts, max_trunk_tokens)")
+    return f"config '{params.config}', {where}: no pivot found in the trunks; widen the search: {', '.join(wider)}"
+
+
 def token_margins(trunk) -> list[float]:
     """Raw top-1 minus top-2 logprob at every generated step of one trunk."""
     return [lps[0] - lps[1] for lps in trunk["topk_logprobs"] if len(lps) >= 2]
@@ -60,6 +77,8 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
     stage = StageDir(params, STAGE, out_dir).begin()
     trunks, engine_info, _ = sampling.load(params, out_dir)
     pivots = mine(trunks, params, set(engine_info["special_ids"]))
+    if pivots.empty:  # a confident model: nothing to replay, and the later stages would measure nothing
+        raise NoPivots(no_pivot_message(params))
     margins = pd.DataFrame([{"problem_id": t.problem_id, "rollout": t.rollout, "margin": m}
                             for t in trunks.itertuples(index=False) for m in token_margins(t._asdict())])
     atomic_save(stage.file("pivots.parquet"), lambda tmp: pivots.to_parquet(tmp, index=False))

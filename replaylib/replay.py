@@ -79,7 +79,7 @@ def estimate(job: PivotJob, out, gold: str, task: str, decode) -> tuple[float, d
 
 
 def pivot_record(job: PivotJob, pivot, outs: dict, wins: dict, estimates: dict, state_ok: bool,
-                 passes: list[str], order: list[str]) -> dict:
+                 passes: list[str], order: list[str], regenerates: bool | None = None) -> dict:
     """One record in the published schema, plus this package's exactness and diagnostics columns."""
     rec = {"problem_id": job.problem_id, "rollout": job.rollout, "abs_pos": job.abs_pos,
            "gen_index": job.gen_index, "margin": float(pivot.margin), "rollout_correct": int(pivot.rollout_correct)}
@@ -99,11 +99,17 @@ def pivot_record(job: PivotJob, pivot, outs: dict, wins: dict, estimates: dict, 
             abs(base.probe_first_logprob[a] - other.probe_first_logprob[a]) for a in ARMS)
         rec[f"cont_diff_{name}"] = sum(x != y for a in ARMS
                                        for x, y in zip(base.continuations[a], other.continuations[a]))
-    # cache_ok: the exact passes really resumed the decode-time state (bits loaded == bits saved)
+    # cache_ok: this exact pass really resumed the decode-time state, as the engine observed it
+    # during the pass (transformers: digest of the tensors placed in the cache = digest taken when
+    # the state was produced; vLLM: every request hit the cache, no preemption, trunks regenerated);
+    # an engine that cannot say counts as not verified
     for name in [p for p in passes if p.startswith("exact")]:
-        rec[f"cache_ok_{name}"] = bool(state_ok and outs[name].resume.get("state_ok", True))
+        rec[f"cache_ok_{name}"] = bool(state_ok and outs[name].resume.get("state_ok", False))
+    for name in passes:  # the numbers behind cache_ok, per pass (preemptions: None where unknown)
+        rec[f"min_cached_tokens_{name}"] = outs[name].resume.get("min_cached_tokens")
+        rec[f"preemptions_{name}"] = outs[name].resume.get("preemptions")
     rec["first_step_exact"] = outs["exact1"].resume.get("first_step_exact")
-    rec["regenerates_trunk"] = outs["exact1"].resume.get("regenerates_trunk")
+    rec["regenerates_trunk"] = regenerates
     rec["exact_ok"] = bool(all(rec[f"cache_ok_{p}"] for p in passes if p.startswith("exact")))
     rec["pass_order"] = ",".join(order)
     return rec
@@ -116,6 +122,8 @@ def replay_problem(engine, jobs, pivots, state, state_ok: dict, gold, params, ma
     order = pass_order(params, int(pivots.problem_id.iloc[0])) if len(pivots) else list(params.passes)
     for name in order:
         outs[name] = {o.pivot_id: o for o in engine.run_pass(jobs, name, cfg, state)}
+    # a diagnostic, after the passes and in batches of its own: it must not change what they compute
+    regenerates = engine.check_regeneration(jobs, cfg, state) if params.verify_regeneration else {}
     records = []
     for job, pivot in zip(jobs, pivots.itertuples(index=False)):
         per = {name: outs[name][job.pivot_id] for name in params.passes}
@@ -123,19 +131,34 @@ def replay_problem(engine, jobs, pivots, state, state_ok: dict, gold, params, ma
         for name in params.passes:
             estimates[name], wins[name] = estimate(job, per[name], gold, params.task, engine.decode)
         records.append(pivot_record(job, pivot, per, wins, estimates, state_ok.get(job.rollout, False),
-                                    params.passes, order))
+                                    params.passes, order, regenerates.get(job.pivot_id)))
+    return records
+
+
+def typed(records: pd.DataFrame) -> pd.DataFrame:
+    """Integer columns stay integers where some values are unknown (None)."""
+    for col in records.columns:
+        if col.startswith(("min_cached_tokens_", "preemptions_")):
+            records[col] = records[col].astype("Int64")
     return records
 
 
 def run(params: Params, out_dir=None) -> pd.DataFrame:
-    """Replay every pivot; writes shards/problem_*.parquet, then records.parquet."""
+    """Replay every pivot; writes shards/problem_*.parquet, then records.parquet.
+
+    A shard is reused only when it was written under the same resume key (parameters,
+    upstream files and code: rundir.StageDir) and its bytes are unchanged."""
     from . import pivots as pivot_stage
     from . import sampling
     stage = StageDir(params, STAGE, out_dir).begin()
     trunks, _, _ = sampling.load(params, out_dir)
     pivots = pivot_stage.load(params, out_dir)
+    if pivots.empty:
+        raise pivot_stage.NoPivots(pivot_stage.no_pivot_message(params))
+    digests = sampling.state_digests(params, out_dir)
     gold = {p.problem_id: p.gold for p in load_problems(params.task)}
-    todo = [pid for pid in pivots.problem_id.unique() if not stage.file(f"shards/problem_{pid:05d}.parquet").exists()]
+    shard = {pid: f"shards/problem_{pid:05d}.parquet" for pid in pivots.problem_id.unique()}
+    todo = [pid for pid in shard if not stage.has_shard(shard[pid])]
     if todo:
         engine = make_engine(params)
         log.info("config %s, stage %s, engine %s: %d problems to replay", params.config, STAGE,
@@ -143,16 +166,16 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
         for pid in tqdm(todo, desc="problems replayed"):
             group = pivots[pivots.problem_id == pid]
             jobs = build_jobs(group, trunks[trunks.problem_id == pid], params.k)
-            state, verified = engine.problem_state(stage.upstream(sampling.STAGE), int(pid), trunks)
-            records = replay_problem(engine, jobs, group, state, verified, gold[pid], params)
-            shard = pd.DataFrame(records)
-            atomic_save(stage.file(f"shards/problem_{pid:05d}.parquet"), lambda tmp: shard.to_parquet(tmp, index=False))
-    shards = [pd.read_parquet(stage.file(f"shards/problem_{pid:05d}.parquet")) for pid in pivots.problem_id.unique()]
-    records = pd.concat(shards, ignore_index=True) if shards else pd.DataFrame()
+            state, verified = engine.problem_state(stage.upstream(sampling.STAGE), int(pid), trunks,
+                                                   digests.get(int(pid)))
+            frame = typed(pd.DataFrame(replay_problem(engine, jobs, group, state, verified, gold[pid], params)))
+            atomic_save(stage.file(shard[pid]), lambda tmp: frame.to_parquet(tmp, index=False))
+            stage.add_shard(shard[pid])
+    records = pd.concat([pd.read_parquet(stage.file(shard[pid])) for pid in shard], ignore_index=True)
     records["config"] = params.config
     atomic_save(stage.file("records.parquet"), lambda tmp: records.to_parquet(tmp, index=False))
-    outputs = ["records.parquet"] + sorted(str(p.relative_to(stage.path)) for p in (stage.path / "shards").glob("*.parquet"))
-    flagged = int((~records["exact_ok"]).sum()) if len(records) else 0
+    outputs = ["records.parquet"] + sorted(shard.values())
+    flagged = int((~records["exact_ok"]).sum())
     if flagged:
         log.warning("%d of %d pivots did not resume the saved state exactly; they are flagged (exact_ok False) "
                     "and excluded from the statistics by default", flagged, len(records))

@@ -1,49 +1,34 @@
 """Run stage notebooks headless: python -m replaylib.run PARAMS.yaml [STAGE ...] [--force] [--out DIR]
 
 With no stage named, runs every stage that is missing or stale (its parameters, its
-notebook or its library code changed since it finished). A named stage always reruns,
-after whatever of its upstream stages is missing or stale. Each stage is its notebook,
+notebook, a library module it imports directly or indirectly, or an upstream stage's
+outputs changed since it finished). A named stage always reruns from scratch, after
+whatever of its upstream stages is missing or stale; --force recomputes every stage it
+runs, reusing no partial result. A stage killed midway resumes from its finished shards
+when nothing it depends on changed. Each stage is its notebook,
 executed by papermill into runs/<config>/<stage>/<stage>.ipynb with only the
 parameters that notebook declares.
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import time
 from pathlib import Path
 
 from .params import RUN_ORDER, STAGES, Params, load
-from .rundir import REPO, atomic_write_json, is_done, out_root
+from .rundir import REPO, StageDir, code_fingerprint, is_done, notebook_path, out_root
 
 ALIASES = {"sampling": "01_sampling", "pivots": "02_pivot_mining", "pivot_mining": "02_pivot_mining",
            "replay": "03_three_pass_replay", "statistics": "04_statistics", "stats": "04_statistics",
            "invariant": "05_batch_invariant", "batch_invariant": "05_batch_invariant"}
 ALIASES.update({s[:2]: s for s in STAGES})
 ALIASES.update({str(int(s[:2])): s for s in STAGES})
-# library modules each stage's results depend on (a change reruns the stage)
-ENGINE = ["engine.py", "engine_hf.py", "engine_vllm.py", "models.py"]
-STAGE_CODE = {
-    "01_sampling": ["sampling.py", "data.py", "grading.py", *ENGINE],
-    "02_pivot_mining": ["pivots.py"],
-    "03_three_pass_replay": ["replay.py", "data.py", "grading.py", *ENGINE],
-    "04_statistics": ["stats.py", "records.py", "plotting.py"],
-    "05_batch_invariant": ["invariant.py", "replay.py", "pivots.py", "grading.py", *ENGINE],
-}
 
 
 def notebook(stage: str) -> Path:
-    return REPO / "notebooks" / f"{stage}.ipynb"
-
-
-def code_fingerprint(stage: str) -> str:
-    h = hashlib.sha256()
-    for path in [notebook(stage)] + [REPO / "replaylib" / m for m in STAGE_CODE[stage]]:
-        if path.exists():
-            h.update(path.name.encode() + path.read_bytes())
-    return h.hexdigest()[:16]
+    return notebook_path(stage)
 
 
 def declared_parameters(stage: str) -> list[str]:
@@ -67,11 +52,19 @@ def staleness(params: Params, stage: str, out_dir) -> str | None:
     if not is_done(params, stage, out_dir):
         return "parameters changed"
     try:
-        recorded = json.loads((path / "runner.json").read_text()).get("code")
+        manifest = json.loads((path / "manifest.json").read_text())
     except (OSError, json.JSONDecodeError):
-        recorded = None
-    if recorded != code_fingerprint(stage):
+        return "no readable manifest"
+    if manifest.get("code") != code_fingerprint(stage):
         return "notebook or library code changed"
+    for up in params.data_upstream(stage):
+        try:
+            outputs = json.loads((path.parent / up / "manifest.json").read_text())["outputs"]
+        except (OSError, json.JSONDecodeError, KeyError):
+            return f"upstream {up} has no readable manifest"
+        read = {k.split("/", 1)[1]: v for k, v in manifest.get("inputs", {}).items() if k.startswith(f"{up}/")}
+        if read != outputs:
+            return f"upstream {up} outputs changed since it ran"
     return None
 
 
@@ -96,7 +89,7 @@ def plan(params: Params, named: list[str], force: bool, out_dir) -> list[tuple[s
     return [(s, todo[s]) for s in RUN_ORDER if s in todo]
 
 
-def execute(params: Params, stage: str, out_dir) -> Path:
+def execute(params: Params, stage: str, out_dir, fresh: bool = False) -> Path:
     """Run one stage's notebook with papermill; returns the executed notebook's path."""
     import papermill
     declared = declared_parameters(stage)
@@ -108,11 +101,11 @@ def execute(params: Params, stage: str, out_dir) -> Path:
                          f"declare them with their defaults")
     stage_dir = out_root(out_dir) / "runs" / params.config / stage
     stage_dir.mkdir(parents=True, exist_ok=True)
+    if fresh:  # --force or a named stage: recompute everything, reuse no partial result
+        StageDir(params, stage, out_dir).clear()
     output = stage_dir / f"{stage}.ipynb"
     papermill.execute_notebook(str(notebook(stage)), str(output), parameters=parameters, cwd=str(REPO),
                                kernel_name="python3", progress_bar=False, log_output=False)
-    atomic_write_json(stage_dir / "runner.json", {"code": code_fingerprint(stage),
-                                                  "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
     return output
 
 
@@ -140,7 +133,7 @@ def main(argv=None) -> int:
             continue
         start = time.time()
         try:
-            output = execute(params, stage, args.out)
+            output = execute(params, stage, args.out, fresh=args.force or reason == "named")
         except Exception as e:  # papermill raises with the cell's traceback; keep the console to one line
             ename = getattr(e, "ename", type(e).__name__)
             evalue = str(getattr(e, "evalue", e)).strip().splitlines()

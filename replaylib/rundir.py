@@ -3,9 +3,17 @@
 A stage opens its directory with `StageDir.begin`, which checks every upstream stage
 (finished, same parameter key, files unchanged) and removes a stale DONE. Files are
 written to a temporary name and renamed, and `finish` writes the manifest, then DONE.
+
+Partial results (per-problem shards) survive a crash and are reused only when they were
+made from the same parameters, the same upstream files and the same code: `begin` keeps
+a resume key (the stage key, the sha256 of every upstream output read, the code
+fingerprint) in resume.json with the sha256 of every shard written under it, and clears
+the directory when the key differs.
 """
 from __future__ import annotations
 
+import ast
+import hashlib
 import json
 import os
 import platform
@@ -21,8 +29,11 @@ from .data import sha256_file  # noqa: F401  (re-exported: stats and tests use r
 from .params import STAGES, Params
 
 REPO = Path(__file__).resolve().parents[1]
+PACKAGE = Path(__file__).resolve().parent
 DEFAULT_OUT = Path(os.environ.get("REPLAYLIB_OUT", REPO))
 MIN_FREE_BYTES = 200 * 2**20
+RESUME_FILE = "resume.json"
+KEEP_SUFFIXES = (".ipynb", ".log")  # the runner's executed notebook and log, written while the stage runs
 
 
 def out_root(out_dir: str | Path | None = None) -> Path:
@@ -101,6 +112,49 @@ def device_info() -> dict:
     return info
 
 
+def notebook_path(stage: str) -> Path:
+    return REPO / "notebooks" / f"{stage}.ipynb"
+
+
+def _imported_modules(source: str) -> set[str]:
+    """replaylib modules a piece of code imports (at any depth: imports inside functions count)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("replaylib.")}
+        elif isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level == 1 or mod == "replaylib" or mod.startswith("replaylib."):
+                inner = mod.split(".", 1)[1] if mod.startswith("replaylib.") else ("" if mod == "replaylib" else mod)
+                if inner:
+                    found.add(inner.split(".")[0])
+                else:  # from . import x / from replaylib import x: x may be a module
+                    found |= {a.name for a in node.names}
+    return {m for m in found if (PACKAGE / f"{m}.py").exists()}
+
+
+def stage_modules(stage: str) -> list[str]:
+    """Every replaylib module a stage's notebook imports, directly or through other modules."""
+    import nbformat
+    nb = nbformat.read(notebook_path(stage), as_version=4)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    todo, seen = _imported_modules("\n".join(line for line in code.splitlines()
+                                              if not line.lstrip().startswith(("%", "!")))) | {"__init__"}, set()
+    while todo:
+        mod = todo.pop()
+        seen.add(mod)
+        todo |= _imported_modules((PACKAGE / f"{mod}.py").read_text()) - seen
+    return sorted(seen)
+
+
+def code_fingerprint(stage: str) -> str:
+    """Hash of a stage's notebook and of every library module it depends on."""
+    h = hashlib.sha256()
+    for path in [notebook_path(stage)] + [PACKAGE / f"{m}.py" for m in stage_modules(stage)]:
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 class UpstreamError(RuntimeError):
     pass
 
@@ -116,6 +170,7 @@ class StageDir:
         self.key = params.stage_key(stage)
         self.inputs: dict[str, str] = {}
         self.started = time.time()
+        self.resume_key: str | None = None
 
     # -- reading other stages
     def upstream(self, stage: str) -> Path:
@@ -165,17 +220,42 @@ class StageDir:
         (self.path / "DONE").unlink(missing_ok=True)
         for stale in self.path.rglob(".*.tmp"):  # half-written files of a killed run
             stale.unlink(missing_ok=True)
-        recorded = self.path / "params.json"
-        if recorded.exists() and json.loads(recorded.read_text()).get("key") != self.key:
-            # results of other parameters must not be mixed with these (per-problem shards)
-            for child in self.path.iterdir():
-                if child.name.endswith(".ipynb"):
-                    continue
-                shutil.rmtree(child) if child.is_dir() else child.unlink()
-        atomic_write_json(recorded, {"stage": self.stage, "key": self.key,
-                                     "params": {k: getattr(self.params, k) for k in Params.keys_for(self.stage)},
-                                     "config": self.params.config})
+        self.resume_key = hashlib.sha256(json.dumps(
+            {"key": self.key, "inputs": self.inputs, "code": code_fingerprint(self.stage)},
+            sort_keys=True).encode()).hexdigest()[:16]
+        if self._recorded_resume().get("resume_key") != self.resume_key:
+            # anything here was made from other parameters, inputs or code: never reuse it
+            self.clear()
+            atomic_write_json(self.path / RESUME_FILE, {"resume_key": self.resume_key, "shards": {}})
+        atomic_write_json(self.path / "params.json", {
+            "stage": self.stage, "key": self.key, "config": self.params.config,
+            "params": {k: getattr(self.params, k) for k in Params.keys_for(self.stage)}})
         return self
+
+    def clear(self) -> None:
+        """Remove every result in the stage directory (the executed notebook and logs stay)."""
+        for child in self.path.iterdir():
+            if child.name.endswith(KEEP_SUFFIXES):
+                continue
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+
+    def _recorded_resume(self) -> dict:
+        try:
+            return json.loads((self.path / RESUME_FILE).read_text())
+        except (OSError, json.JSONDecodeError):
+            return {}
+
+    def has_shard(self, rel: str) -> bool:
+        """A shard written under this resume key whose bytes are still the ones written."""
+        digest = self._recorded_resume().get("shards", {}).get(rel)
+        return digest is not None and (self.path / rel).exists() and sha256_file(self.path / rel) == digest
+
+    def add_shard(self, rel: str) -> None:
+        """Record a shard just written (atomically) as reusable under this resume key."""
+        recorded = self._recorded_resume()
+        assert recorded.get("resume_key") == self.resume_key, "begin() first"
+        recorded["shards"][rel] = sha256_file(self.path / rel)
+        atomic_write_json(self.path / RESUME_FILE, recorded)
 
     def file(self, rel: str) -> Path:
         p = self.path / rel
@@ -189,6 +269,7 @@ class StageDir:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.started)),
             "elapsed_s": round(time.time() - self.started, 1),
             "inputs": self.inputs,
+            "code": code_fingerprint(self.stage),
             "outputs": {rel: sha256_file(self.path / rel) for rel in sorted(outputs)},
             **(extra or {}),
         }

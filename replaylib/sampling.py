@@ -49,7 +49,7 @@ def run(params: Params, out_dir=None) -> dict:
     engine = make_engine(params)
     log.info("config %s, stage %s, engine %s", params.config, STAGE, engine.describe())
     take = screen_batches(params, len(problems))
-    accepted, rows, scanned = [], [], []
+    accepted, rows, scanned, digests = [], [], [], {}
     bar = tqdm(total=params.n_problems, desc="problems kept")
     while len(accepted) < params.n_problems:
         batch = take(params.n_problems - len(accepted))
@@ -76,6 +76,7 @@ def run(params: Params, out_dir=None) -> dict:
                 if state is not None:
                     from .engine_hf import save_state
                     save_state(state[pid], stage.file(f"state/problem_{pid:05d}.safetensors"))
+                    digests[str(pid)] = {str(r): d for r, d in state[pid].expected.items()}
     bar.close()
     if len(accepted) < params.n_problems:
         log.warning("kept %d of %d problems after scanning %d (scan_limit %d)", len(accepted), params.n_problems,
@@ -93,9 +94,17 @@ def run(params: Params, out_dir=None) -> dict:
     atomic_write_json(stage.file("problems.json"), {"kept": accepted, "scanned": scanned})
     outputs = ["trunks.parquet", "accuracy.csv", "engine.json", "problems.json"]
     outputs += sorted(str(p.relative_to(stage.path)) for p in (stage.path / "state").glob("*.safetensors"))
-    stage.finish(outputs, {"engine": engine.describe()})
+    # the digest of every decode-time state, taken when it was produced: the replay stage checks the
+    # tensors it resumes against these, not against the saved file's own metadata
+    stage.finish(outputs, {"engine": engine.describe(), "state_digests": digests})
     return {"kept": accepted, "scanned": len(scanned), "trunk_accuracy": float(trunks_df["correct"].mean()),
             "kept_accuracy": float(trunks_df[trunks_df.kept]["correct"].mean())}
+
+
+def state_digests(params: Params, out_dir=None) -> dict:
+    """problem_id -> {rollout: digest of its decode-time state when it was produced} (empty for vLLM)."""
+    manifest = json.loads((StageDir(params, STAGE, out_dir).path / "manifest.json").read_text())
+    return {int(pid): {int(r): d for r, d in per.items()} for pid, per in manifest.get("state_digests", {}).items()}
 
 
 def load(params: Params, out_dir=None) -> tuple[pd.DataFrame, dict, dict]:

@@ -103,18 +103,81 @@ def test_refeed_is_a_different_computation(tiny_engine):
     assert differ > 0  # prefill rounds differently from the decode steps that made the trunk
 
 
-def test_exact_passes_replicate_and_flag_first_step(tiny_engine):
+def channels(out):
+    """Everything a pass produces for one pivot that the records use."""
+    return out.continuations, out.probe_ids, out.probe_first_logprob, out.resume.get("first_step_exact")
+
+
+def test_exact2_replicates_exact1_bit_for_bit_and_refeed_differs(tiny_engine):
     trunks, state = sample(tiny_engine)
     jobs = [job_for(trunks[r], 4, pivot_id=r) for r in range(3)]
     e1 = tiny_engine.run_pass(jobs, "exact1", SETTINGS, state)
     e2 = tiny_engine.run_pass(jobs, "exact2", SETTINGS, state)
     rf = tiny_engine.run_pass(jobs, "refeed", SETTINGS, None)
     for a, b in zip(e1, e2):
-        assert a.continuations == b.continuations and a.probe_ids == b.probe_ids
-        assert a.probe_first_logprob == b.probe_first_logprob
-        assert isinstance(a.resume["first_step_exact"], bool)
-    assert all(len(o.continuations[arm]) == 2 for o in rf for arm in ARMS)
-    assert all(len(o.probe_ids[arm]) == 8 for o in rf for arm in ARMS)
+        assert channels(a) == channels(b)  # every channel, logprobs compared as exact floats
+        assert a.resume["state_ok"] is b.resume["state_ok"] is True
+    # bf16: a fresh prefill rounds differently from the decode steps that built the saved state
+    assert any(a.probe_first_logprob != b.probe_first_logprob or a.continuations != b.continuations
+               for a, b in zip(e1, rf))
+    assert all(len(o.continuations[arm]) == 2 and len(o.probe_ids[arm]) == 8 for o in rf for arm in ARMS)
+    assert [o.resume["min_cached_tokens"] for o in e1] == [j.abs_pos for j in jobs]
+    assert all(o.resume["min_cached_tokens"] == 0 and "state_ok" not in o.resume for o in rf)
+
+
+def test_each_exact_pass_checks_the_state_it_resumes(tiny_engine):
+    """The digest is taken on the tensors each pass places in the cache, so a state changed after it
+    was loaded (or between passes) is caught in the pass that used it."""
+    trunks, state = sample(tiny_engine)
+    jobs = [job_for(trunks[r], 4, pivot_id=r) for r in range(3)]
+    e1 = tiny_engine.run_pass(jobs, "exact1", SETTINGS, state)
+    state[1][0][0, 0, 0, 0] += 1  # in place, as a buggy move or overwrite would
+    e2 = tiny_engine.run_pass(jobs, "exact2", SETTINGS, state)
+    assert [o.resume["state_ok"] for o in e1] == [True, True, True]
+    assert [o.resume["state_ok"] for o in e2] == [True, False, True]
+    # a bare dict carries no digest taken at production: nothing can be verified
+    e3 = tiny_engine.run_pass(jobs, "exact2", SETTINGS, dict(state))
+    assert [o.resume["state_ok"] for o in e3] == [False, False, False]
+
+
+def test_a_resumed_pass_depends_on_exactly_the_state_it_should(tiny_engine):
+    """exact resumes positions [0, abs_pos) of the saved state; block16 only [0, abs_pos // 16 * 16)
+    and prefills the rest; refeed uses none of it."""
+    from replaylib.engine_hf import ResidentState
+    trunks, state = sample(tiny_engine, n=3, max_new=40)
+    r = max(range(3), key=lambda r: len(trunks[r].gen_ids))
+    i = next(i for i in range(len(trunks[r].gen_ids) - 2) if (len(trunks[r].prompt_ids) + i) % 16 >= 4)
+    job = job_for(trunks[r], i)
+    start = job.abs_pos // 16 * 16
+
+    def corrupted(lo, hi):
+        k, v = state[r]
+        k = k.clone()
+        k[:, :, lo:hi] += 0.5
+        return ResidentState.produced({r: (k, v)})
+
+    def run(name, st):
+        return channels(tiny_engine.run_pass([job], name, SETTINGS, st)[0])
+
+    base = {name: run(name, state) for name in ("exact1", "block16", "refeed")}
+    tail = corrupted(start, job.abs_pos)  # between the block boundary and the pivot
+    assert run("block16", tail) == base["block16"]
+    assert run("exact1", tail)[2] != base["exact1"][2]
+    head = corrupted(0, start)
+    assert run("block16", head)[2] != base["block16"][2]
+    assert run("refeed", head) == base["refeed"]
+
+
+def test_serial_runs_every_request_alone(tiny_engine):
+    """serial: a request's output does not depend on what else is in the pass (batch of one)."""
+    import dataclasses
+    trunks, _ = sample(tiny_engine)
+    jobs = [job_for(trunks[r], 4, pivot_id=r, k=3) for r in range(3)]
+    together = tiny_engine.run_pass(jobs, "serial", dataclasses.replace(SETTINGS, k=3), None)
+    alone = tiny_engine.run_pass(jobs[1:2], "serial", dataclasses.replace(SETTINGS, k=2), None)[0]
+    assert alone.probe_first_logprob == together[1].probe_first_logprob
+    assert alone.probe_ids == together[1].probe_ids
+    assert all(alone.continuations[a] == together[1].continuations[a][:2] for a in ARMS)
 
 
 def test_invariant_mode_makes_all_passes_identical(tiny_invariant_engine):
@@ -148,34 +211,25 @@ def test_saved_state_round_trip_and_tampering(tiny_engine, tmp_path):
     assert state_digest(*state[0]) != state_digest(*state[1])
 
 
-def test_extra_passes_serial_block16_refeed2_and_regeneration(tiny_engine):
-    """[ours] refeed2 replicates refeed; serial and block16 run; exact1 regenerates its trunks."""
-    import dataclasses
-    trunks, state = sample(tiny_engine, n=3, max_new=40)
-    long_ones = [r for r in range(3) if len(trunks[r].gen_ids) > 22]
-    assert long_ones
-    jobs = [job_for(trunks[r], 20, pivot_id=r) for r in long_ones]
-    for job, r in zip(jobs, long_ones):
-        job.trunk_rest, job.trunk_seed = trunks[r].gen_ids[21:], trunks[r].seed
-    cfg = dataclasses.replace(SETTINGS, verify_regeneration=True)
-    outs = {name: tiny_engine.run_pass(jobs, name, cfg, state) for name in ("exact1", "refeed", "refeed2",
-                                                                            "serial", "block16")}
-    for a, b in zip(outs["refeed"], outs["refeed2"]):
-        assert a.continuations == b.continuations and a.probe_first_logprob == b.probe_first_logprob
-    for name in ("serial", "block16"):
-        assert all(len(o.continuations["alt"]) == 2 for o in outs[name])
-    assert all(isinstance(o.resume.get("regenerates_trunk"), bool) for o in outs["exact1"])
-    assert "regenerates_trunk" not in outs["refeed"][0].resume
+def test_refeed2_replicates_refeed(tiny_engine):
+    trunks, _ = sample(tiny_engine, n=3, max_new=40)
+    jobs = [job_for(trunks[r], 6, pivot_id=r) for r in range(3)]
+    a, b = (tiny_engine.run_pass(jobs, name, SETTINGS, None) for name in ("refeed", "refeed2"))
+    assert [channels(x) for x in a] == [channels(y) for y in b]
 
 
-def test_regeneration_holds_at_the_trunks_batch_shape(tiny_engine):
-    """One pivot per trunk at the same index, run together: the batch has the trunks' shape."""
+def test_regeneration_check_runs_apart_from_the_passes(tiny_engine):
+    """One pivot per trunk at the same index, checked together: the check's batch has the trunks'
+    shape and every trunk regenerates; the passes themselves carry no extra row."""
     import dataclasses
     trunks, state = sample(tiny_engine, n=3, max_new=40)
     i = 3
     jobs = [job_for(trunks[r], i, pivot_id=r) for r in range(3)]
     for job, r in zip(jobs, range(3)):
         job.trunk_rest, job.trunk_seed = trunks[r].gen_ids[i + 1:], trunks[r].seed
-    cfg = dataclasses.replace(SETTINGS, k=0, verify_regeneration=True)
-    outs = tiny_engine.run_pass(jobs, "exact1", cfg, state)
-    assert [o.resume["regenerates_trunk"] for o in outs] == [True, True, True]
+    cfg = dataclasses.replace(SETTINGS, verify_regeneration=True)
+    assert tiny_engine.check_regeneration(jobs, cfg, state) == {0: True, 1: True, 2: True}
+    with_check = tiny_engine.run_pass(jobs, "exact1", cfg, state)
+    without = tiny_engine.run_pass(jobs, "exact1", SETTINGS, state)
+    assert [channels(x) for x in with_check] == [channels(y) for y in without]
+    assert all("regenerates_trunk" not in o.resume for o in with_check)

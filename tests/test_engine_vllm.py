@@ -337,10 +337,26 @@ def test_preemptions_flag_the_pass_and_the_regeneration(replay_setup):
     assert engine.preemptions["exact1 pass"] == 2
 
 
+def test_an_unreadable_preemption_counter_verifies_nothing(replay_setup):
+    """No metrics (stats logging off, or an engine without them): unknown is not zero."""
+    engine, fake, trunks, df, state, identical = replay_setup
+    assert all(identical.values())
+
+    def no_stats():
+        raise AttributeError("stats logging is off")
+    fake.get_metrics = no_stats
+    outs = engine.run_pass(jobs_for(trunks, 0, SETTINGS.k), "exact1", SETTINGS, state)
+    regenerated = engine.problem_state(None, 0, df)[1]
+    assert all(o.resume["preemptions"] is None and o.resume["state_ok"] is False for o in outs)
+    assert all(o.resume["min_cached_tokens"] >= cache_floor(j.abs_pos, 4)
+               for o, j in zip(outs, jobs_for(trunks, 0, SETTINGS.k)))  # the cache was hit all the same
+    assert not any(regenerated.values())
+
+
 def test_make_engine_without_vllm_is_a_one_line_error():
     if "vllm" in sys.modules or importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here")
-    p = params.make({"engine": "vllm", "config": "gpu-test"})
+    p = params.make({"engine": "vllm", "config": "gpu-test", "stop_at_answer": False})
     with pytest.raises(EngineUnavailable) as e:
         make_engine(p)
     msg = str(e.value)
@@ -355,7 +371,7 @@ def test_no_cuda_gpu_is_a_one_line_error(monkeypatch):
         pytest.skip("this machine has a GPU")
     monkeypatch.setattr(engine_vllm.importlib.util, "find_spec", lambda name: object())
     with pytest.raises(EngineUnavailable) as e:
-        VLLMEngine.from_params(params.make({"engine": "vllm", "config": "gpu-test"}))
+        VLLMEngine.from_params(params.make({"engine": "vllm", "config": "gpu-test", "stop_at_answer": False}))
     assert "\n" not in str(e.value) and "CUDA GPU" in str(e.value) and "engine: hf" in str(e.value)
 
 

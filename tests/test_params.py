@@ -77,7 +77,8 @@ def test_from_notebook_reads_declared_names_only():
 
 def test_block16_with_the_vllm_engine_is_refused_when_the_params_are_read():
     with pytest.raises(ValueError, match="block16.*engine: hf"):
-        params.make({"engine": "vllm", "device": "cuda", "passes": ["exact1", "exact2", "refeed", "block16"]},
-                    where="x.yaml")
-    ok = params.make({"engine": "vllm", "device": "cuda", "passes": ["exact1", "exact2", "refeed", "serial"]})
+        params.make({"engine": "vllm", "device": "cuda", "stop_at_answer": False,
+                     "passes": ["exact1", "exact2", "refeed", "block16"]}, where="x.yaml")
+    ok = params.make({"engine": "vllm", "device": "cuda", "stop_at_answer": False,
+                      "passes": ["exact1", "exact2", "refeed", "serial"]})
     assert ok.passes[-1] == "serial"
