@@ -231,7 +231,8 @@ def _run_config(path: Path, df: pd.DataFrame) -> dict | None:
             continue
         p, inv = recorded.get("params", {}), recorded.get("stage") == "05_batch_invariant"
         return {"model": p.get("model"), "k": p.get("k"), "cont_temp": p.get("cont_temperature"),
-                "max_cont_tokens": p.get("invariant_max_cont_tokens" if inv else "max_cont_tokens"),
+                # stage 05's continuation limit; 0 there means max_cont_tokens (replay.settings)
+                "max_cont_tokens": (inv and p.get("invariant_max_cont_tokens")) or p.get("max_cont_tokens"),
                 "temperature": p.get("temperature"), "engine": p.get("engine"), "batch_invariant": inv,
                 "problems": int(df["problem_id"].nunique())}
     if "config" in df.columns and df["config"].notna().all() and len(df):

@@ -118,8 +118,8 @@ def test_pool_refuses_own_records_of_different_protocols(tmp_path):
     shard = main.parent / "shards" / "problem_00003.parquet"  # params.json two directories up
     assert records.load_records(shard).attrs["configs"]["problem_00003"]["k"] == 2
     for other, words in [
-        (_own_run(tmp_path / "a", "05_batch_invariant", [pivot(config="a (invariant)")], invariant_max_cont_tokens=12),
-         "(batch_invariant False vs True)"),
+        (_own_run(tmp_path / "a", "05_batch_invariant", [pivot(config="a (invariant)")], invariant_max_cont_tokens=0),
+         "(batch_invariant False vs True)"),  # 0: the invariant stage continues as far as max_cont_tokens
         (_own_run(tmp_path / "e", "05_batch_invariant", [pivot(config="e (invariant)")]), "(max_cont_tokens 12 vs 8)"),
         (_own_run(tmp_path / "c", "03_three_pass_replay", [pivot(config="c")], engine="vllm"), "(engine 'hf' vs 'vllm')"),
         (_own_run(tmp_path / "d", "03_three_pass_replay", [pivot(config="d")], max_cont_tokens=400),
