@@ -46,13 +46,12 @@ def simulate(rates: pd.DataFrame, n_problems: int, pivots: int, excess_pp: float
     """Power of the clustered t for one design; targets in percentage points (None: as published)."""
     rng = np.random.default_rng(seed)
     floor = rates["floor"].to_numpy()
-    refeed = rates["refeed"].to_numpy()
+    excess = rates["refeed"].to_numpy() - floor  # per problem; refeed moves with the floor
     if floor_pct is not None:
         floor = floor + (floor_pct / 100 - floor.mean())
     if excess_pp is not None:
-        refeed = floor + (refeed - rates["floor"].to_numpy()) - (refeed - rates["floor"].to_numpy()).mean() \
-            + excess_pp / 100
-    floor, refeed = np.clip(floor, 0, 1), np.clip(refeed, 0, 1)
+        excess = excess - excess.mean() + excess_pp / 100
+    floor, refeed = np.clip(floor, 0, 1), np.clip(floor + excess, 0, 1)
     pick = rng.integers(0, len(rates), size=(draws, n_problems))
     shape = (draws, n_problems, pivots)
     ref = rng.random(shape) < refeed[pick][..., None]

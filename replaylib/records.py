@@ -45,6 +45,8 @@ _A_FIELDS = ("A_exact1", "A_exact2", "A_refeed")
 _BOOL_FIELDS = ("cache_ok_exact1", "cache_ok_exact2", "greedy_divergence_exact2", "greedy_divergence_refeed")
 _PROBE_FIRST = ("greedy_first_exact1", "greedy_first_exact2", "greedy_first_refeed")
 _SCHEMA_HINT = "records need the published schema, PROTOCOL.md section 6"
+# settings that make records of different protocols: files that record different values are never pooled
+PROTOCOL_SETTINGS = ("model", "k", "cont_temp", "max_cont_tokens", "temperature", "engine", "batch_invariant")
 
 # Table 1 rows of the paper (PROTOCOL.md section 4; files: data/paper-records/README.md).
 PAPER_ROWS = {
@@ -190,9 +192,11 @@ def load_records(path) -> pd.DataFrame:
     """Load one records file into a DataFrame (PROTOCOL.md section 6).
 
     Columns: ``COLUMNS`` (optional ones all-missing when the file lacks them), any extra
-    columns of the file, and ``source`` (the file stem). The published ``config`` is
-    kept in ``df.attrs["configs"][source]``. Raises a one-line ``ValueError`` naming
-    the file (and record index and field) on unreadable files or malformed records.
+    columns of the file, and ``source`` (the file stem). The published ``config`` (for
+    this package's own records: the protocol read from the stage's params.json) is kept
+    in ``df.attrs["configs"][source]``, the file in ``df.attrs["path"]``. Raises a
+    one-line ``ValueError`` naming the file (and record index and field) on unreadable
+    files, malformed records, or a (problem_id, rollout, abs_pos) that occurs twice.
     """
     path = Path(path)
     rows, config = _read_rows(path)
@@ -209,21 +213,100 @@ def load_records(path) -> pd.DataFrame:
     for col in ("margin",) + _A_FIELDS:
         df[col] = df[col].astype("float64")
     df["source"] = path.stem
+    if path.suffix.lower() != ".json":  # this package's own records: no config block in the file
+        config = _run_config(path, df)
     df.attrs["configs"] = {path.stem: config}
+    df.attrs["path"] = str(path)
+    _refuse_duplicates(df, str(path))
     return df
 
 
+def _run_config(path: Path, df: pd.DataFrame) -> dict | None:
+    """The protocol of this package's own records: from the stage's params.json (beside the
+    file, or two directories up for a shard), else batch-invariance from the ``config`` column."""
+    for where in (path.parent / "params.json", path.parent.parent / "params.json"):
+        try:
+            recorded = json.loads(where.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        p, inv = recorded.get("params", {}), recorded.get("stage") == "05_batch_invariant"
+        return {"model": p.get("model"), "k": p.get("k"), "cont_temp": p.get("cont_temperature"),
+                # stage 05's continuation limit; 0 there means max_cont_tokens (replay.settings)
+                "max_cont_tokens": (inv and p.get("invariant_max_cont_tokens")) or p.get("max_cont_tokens"),
+                "temperature": p.get("temperature"), "engine": p.get("engine"), "batch_invariant": inv,
+                "problems": int(df["problem_id"].nunique())}
+    if "config" in df.columns and df["config"].notna().all() and len(df):
+        return {"batch_invariant": bool(df["config"].astype(str).str.endswith("(invariant)").all()),
+                "problems": int(df["problem_id"].nunique())}
+    return None
+
+
+def _refuse_duplicates(df: pd.DataFrame, name: str) -> None:
+    dup = df.duplicated(subset=KEY, keep="first")
+    if dup.any():
+        i = int(dup.to_numpy().nonzero()[0][0])
+        key = ", ".join(f"{k}={int(df[k].iloc[i])}" for k in KEY)
+        raise ValueError(f"{name}: duplicate record key ({key}) at record {i}; a file holds each pivot once: "
+                         f"remove the repeated record")
+
+
+def protocol(config: dict | None) -> dict:
+    """The ``PROTOCOL_SETTINGS`` a file's config records (absent ones left out); a published
+    ``cont_temp`` of null means the trunk temperature."""
+    config = config or {}
+    out = {k: config[k] for k in PROTOCOL_SETTINGS if config.get(k) is not None}
+    if "cont_temp" in config and config["cont_temp"] is None and config.get("temperature") is not None:
+        out["cont_temp"] = config["temperature"]
+    return out
+
+
+def _differs(a, b) -> bool:
+    if _is_number(a) and _is_number(b):
+        return float(a) != float(b)
+    return a != b
+
+
+def _name(frame: pd.DataFrame, i: int) -> str:
+    if "path" in frame.attrs:
+        return frame.attrs["path"]
+    sources = frame["source"].dropna().unique() if "source" in frame.columns else []
+    return str(sources[0]) if len(sources) == 1 else f"record frame {i}"
+
+
 def pool(frames) -> pd.DataFrame:
-    """Concatenate record frames; deduplicate on (problem_id, rollout, abs_pos), keep first."""
+    """Pool record frames of one protocol; deduplicate on (problem_id, rollout, abs_pos), keep first.
+
+    Refuses (``ValueError``, one line) a frame with a repeated key, and two frames whose
+    recorded ``PROTOCOL_SETTINGS`` differ (settings a file does not record are not compared).
+    ``attrs["dropped"]`` maps each frame (its file) that lost records to an earlier frame's
+    keys to ``(dropped, records it had)``.
+    """
     frames = list(frames)
     if not frames:
         raise ValueError("pool: no record frames given")
+    names = [_name(f, i) for i, f in enumerate(frames)]
+    settings = []
+    for f, name in zip(frames, names):
+        _refuse_duplicates(f, name)
+        settings.append({})
+        for config in f.attrs.get("configs", {}).values():
+            settings[-1].update(protocol(config))
+    for i in range(len(frames)):
+        for j in range(i):
+            for k in PROTOCOL_SETTINGS:
+                if k in settings[i] and k in settings[j] and _differs(settings[i][k], settings[j][k]):
+                    raise ValueError(f"{names[j]} and {names[i]}: different protocols ({k} {settings[j][k]!r} vs "
+                                     f"{settings[i][k]!r}); pool only records of one configuration, report the "
+                                     f"others separately")
     configs = {}
     for f in frames:
         configs.update(f.attrs.get("configs", {}))
     out = pd.concat(frames, ignore_index=True)
-    out = out.drop_duplicates(subset=KEY, keep="first").reset_index(drop=True)
-    out.attrs = {"configs": configs}
+    keep = ~out.duplicated(subset=KEY, keep="first")
+    owner = np.repeat(np.arange(len(frames)), [len(f) for f in frames])
+    dropped = {names[i]: (int((~keep.to_numpy() & (owner == i)).sum()), len(frames[i])) for i in range(len(frames))}
+    out = out[keep.to_numpy()].reset_index(drop=True)
+    out.attrs = {"configs": configs, "dropped": {k: v for k, v in dropped.items() if v[0]}}
     return out
 
 

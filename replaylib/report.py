@@ -4,9 +4,15 @@
     python -m replaylib.report --verify runs/<config>
 
 Loads each records file (published JSON, or this package's .parquet / .jsonl), pools
-them (deduplicating on problem_id, rollout, abs_pos, first kept), writes
+them (``records.pool``: files of different protocols, or a file repeating a
+(problem_id, rollout, abs_pos), are refused; records whose key an earlier file holds are
+dropped, first kept, with one line on stderr per file that lost some), writes
 ``stats.summarize()`` as JSON (indent 2) and prints a short summary. Errors: one line
 on stderr, exit status 2, and no partial output file.
+
+``--verify`` re-checks a run directory (``rundir.verify_run``): every finished stage's
+outputs, the statistics stage's tables and figures, and every stage's recorded inputs
+against its upstream stage's recorded outputs; exit status 1 when anything differs.
 """
 
 from __future__ import annotations
@@ -44,10 +50,19 @@ def write_json_atomic(obj, path) -> None:
     atomic_write_bytes(Path(path), (json.dumps(obj, indent=2, allow_nan=False) + "\n").encode())
 
 
+def pooled_records(files):
+    """Load and pool the files; one line on stderr for each file that lost records to an
+    earlier file holding the same (problem_id, rollout, abs_pos)."""
+    pooled = records.pool([records.load_records(f) for f in files])
+    for name, (dropped, total) in pooled.attrs["dropped"].items():
+        print(f"report: {name}: {dropped} of its {total} records dropped (an earlier file holds the same "
+              f"problem_id, rollout, abs_pos; the first is kept)", file=sys.stderr)
+    return pooled
+
+
 def records_summary(files, exclude_flagged: bool = True) -> dict:
     """Load and pool the files, return ``stats.summarize()`` of the pooled records."""
-    frames = [records.load_records(f) for f in files]
-    return stats.summarize(records.pool(frames), exclude_flagged=exclude_flagged)
+    return stats.summarize(pooled_records(files), exclude_flagged=exclude_flagged)
 
 
 def _pct(x):
@@ -101,7 +116,7 @@ def main(argv=None) -> int:
             if problems:
                 print(f"report: {len(problems)} problem(s) in {args.verify}", file=sys.stderr)
                 return 1
-            print(f"{args.verify}: every finished stage's outputs match their manifests")
+            print(f"{args.verify}: every finished stage's outputs, products and inputs match their manifests")
     except (ValueError, OSError) as e:
         msg = " ".join(str(e).split())
         print(f"report: error: {msg}", file=sys.stderr)

@@ -236,11 +236,6 @@ def test_grade_math_table(pred, gold, correct):
     assert grade_math(f"Reasoning... so the answer is $\\boxed{{{pred}}}$.", gold) == correct
 
 
-def test_math_table_is_big_enough():
-    assert len(MATH_CASES) >= 25
-    assert sum(1 for *_, c in MATH_CASES if c == 0) >= 8
-
-
 def test_grade_math_needs_a_box():
     assert grade_math("The answer is 5.", "5") == 0
     assert grade_math("Answer: 5", "5") == 0

@@ -1,7 +1,6 @@
 import hashlib
 import json
 import os
-import time
 import zipfile
 from pathlib import Path
 
@@ -29,10 +28,8 @@ def mdir(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------- tiny model
 
-def test_tiny_fast_and_deterministic(tmp_path, tiny_dir):
-    t0 = time.perf_counter()
+def test_tiny_deterministic(tmp_path, tiny_dir):
     a = build_tiny_model(tmp_path / "a", seed=0)
-    assert time.perf_counter() - t0 < 5
     b = build_tiny_model(tmp_path / "b", seed=1)
     for name in ("model.safetensors", "tokenizer.json", "config.json"):
         assert (a / name).read_bytes() == (tiny_dir / name).read_bytes(), name

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from replaylib import params, rundir
@@ -32,9 +33,18 @@ def test_every_stage_finishes_with_manifest_and_notebook(tiny_run):
 
 
 def test_records_follow_the_published_schema(tiny_run):
-    from replaylib.records import REQUIRED, load_records
-    recs = load_records(tiny_run / "runs" / "tiny" / "03_three_pass_replay" / "records.parquet")
+    from replaylib.records import KEY, REQUIRED, load_records
+    run = tiny_run / "runs" / "tiny"
+    recs = load_records(run / "03_three_pass_replay" / "records.parquet")
     assert len(recs) > 0 and set(REQUIRED) <= set(recs.columns)
+    pivots = pd.read_parquet(run / "02_pivot_mining" / "pivots.parquet")
+    assert len(recs) == len(pivots)  # one record per mined pivot, each once
+    same = ["gen_index", "margin", "rollout_correct"]
+    merged = recs[KEY + same].merge(pivots[KEY + same], on=KEY, suffixes=("", "_pivot"), validate="one_to_one")
+    assert len(merged) == len(pivots)
+    for col in same:
+        assert (merged[col] == merged[f"{col}_pivot"]).all(), col
+    assert (recs["config"] == "tiny").all() and recs.attrs["configs"]["records"]["k"] == 2
     for name in ("exact1", "exact2", "refeed"):
         k = 2  # params/tiny.yaml
         assert ((recs[f"A_{name}"] * k).round() == recs[f"A_{name}"] * k).all()
@@ -43,12 +53,83 @@ def test_records_follow_the_published_schema(tiny_run):
     assert (recs.A_exact1 == recs.A_exact2).all()  # one deterministic process: the replica is exact
 
 
-def test_tables_and_figures_are_written(tiny_run):
-    assert (tiny_run / "tables" / "tiny" / "tab1_main.md").exists()
+def _summarized(df):
+    from replaylib import stats
+    return json.loads(json.dumps(stats.summarize(df), default=str))
+
+
+def test_tables_figures_and_summary_hold_the_statistics_of_the_records(tiny_run):
+    from replaylib import stats
+    from replaylib.records import load_records
+    run = tiny_run / "runs" / "tiny"
+    recs = load_records(run / "03_three_pass_replay" / "records.parquet")
+    inv_recs = load_records(run / "05_batch_invariant" / "records.parquet")
+    summary = json.loads((run / "04_statistics" / "summary.json").read_text())
+    assert summary["main"] == _summarized(recs) and summary["main"]["n_records"] == len(recs)
+    assert summary["rows"] == {"tiny": _summarized(recs), "tiny batch-invariant": _summarized(inv_recs)}
+    table = pd.read_csv(tiny_run / "tables" / "tiny" / "tab1_main.csv").set_index("configuration")
+    for label, df in [("tiny", recs), ("tiny batch-invariant", inv_recs)]:
+        row = table.loc[label]
+        assert row["n (common)"] == len(stats.common_set(stats.exclude_not_exact(df)[0])), label
+        assert (row["model"], row["K"], row["problems"]) == ("tiny:0", 2, df.problem_id.nunique()), label
+    # every table and figure the statistics stage wrote is in its manifest, with its hash
+    products = json.loads((run / "04_statistics" / "manifest.json").read_text())["products"]
+    written = {str(p) for d in ("tables", "figures") for p in (tiny_run / d / "tiny").iterdir()}
+    assert set(products) == written - {str(tiny_run / "figures" / "tiny" / f"figS1_margins.{e}") for e in ("pdf", "png")}
+    assert all(rundir.sha256_file(p) == h for p, h in products.items())
     for name in ("fig1_quadrants", "fig2_configs", "fig3_logprob_ecdf"):
-        assert (tiny_run / "figures" / "tiny" / f"{name}.pdf").exists()
-    inv = json.loads((tiny_run / "runs" / "tiny" / "05_batch_invariant" / "invariant.json").read_text())
-    assert inv["all_identical"] is True
+        assert str(tiny_run / "figures" / "tiny" / f"{name}.pdf") in products
+    inv = json.loads((run / "05_batch_invariant" / "invariant.json").read_text())
+    assert inv["all_identical"] is True and inv["pivots"] == len(inv_recs) > 0
+
+
+def _verify(run, capsys):
+    from replaylib import report
+    code = report.main(["--verify", str(run)])
+    return code, capsys.readouterr().out.strip().splitlines()
+
+
+def test_verify_catches_a_changed_table(tiny_run, capsys):
+    table = tiny_run / "tables" / "tiny" / "tab4_bias.csv"  # its manifest names it by its absolute path
+    original = table.read_bytes()
+    try:
+        table.write_bytes(original + b"\n")
+        code, lines = _verify(tiny_run / "runs" / "tiny", capsys)
+    finally:
+        table.write_bytes(original)
+    assert code == 1 and lines == [f"{table}: sha256 differs from the manifest (product of 04_statistics)"]
+    assert rundir.verify_run(tiny_run / "runs" / "tiny") == []
+
+
+def test_verify_reads_products_named_relative_to_the_out_root(tiny_run, tmp_path, capsys):
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_run, copy)
+    manifest_path = copy / "runs" / "tiny" / "04_statistics" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["products"] = {str(Path(p).relative_to(tiny_run)): h for p, h in manifest["products"].items()}
+    manifest_path.write_text(json.dumps(manifest))
+    assert rundir.verify_run(copy / "runs" / "tiny") == []
+    (copy / "figures" / "tiny" / "fig2_configs.png").unlink()
+    code, lines = _verify(copy / "runs" / "tiny", capsys)
+    assert code == 1 and lines == [f"{copy / 'figures' / 'tiny' / 'fig2_configs.png'}: missing (product of 04_statistics)"]
+
+
+def test_verify_checks_every_input_against_the_upstream_output(tiny_run, tmp_path, capsys):
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_run, copy)
+    sampling = copy / "runs" / "tiny" / "01_sampling"
+    trunks = sampling / "trunks.parquet"
+    data = bytearray(trunks.read_bytes())
+    data[len(data) // 2] ^= 1
+    trunks.write_bytes(bytes(data))
+    manifest = json.loads((sampling / "manifest.json").read_text())
+    manifest["outputs"]["trunks.parquet"] = rundir.sha256_file(trunks)  # 01 consistent with itself
+    (sampling / "manifest.json").write_text(json.dumps(manifest))
+    code, lines = _verify(copy / "runs" / "tiny", capsys)
+    assert code == 1
+    assert lines == [f"{trunks}: input of {stage} has another sha256 there now (upstream 01_sampling changed since "
+                     f"{stage} read it; rerun {stage})"
+                     for stage in ("02_pivot_mining", "03_three_pass_replay", "05_batch_invariant")]
 
 
 def test_rerun_is_a_no_op_and_a_change_reruns_only_what_it_invalidates(tiny_run, tmp_path):

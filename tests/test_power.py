@@ -1,6 +1,7 @@
 """Power planning from the published records."""
 import numpy as np
 import pandas as pd
+import pytest
 
 from replaylib import power
 
@@ -29,3 +30,21 @@ def test_plan_runs_on_the_published_records():
     row = table.iloc[0]
     assert row.pivots == 320 and row.power > 0.8  # the paper's effect is large at its own size
     assert 15 < row.excess_pp < 25
+
+
+def test_a_floor_target_alone_keeps_the_excess():
+    rates = pd.DataFrame({"refeed": [0.4, 0.35, 0.5, 0.3], "floor": [0.2, 0.25, 0.3, 0.2]})
+    moved = power.simulate(rates, 10, 10, floor_pct=10.0, draws=50)
+    assert moved["floor_pct"] == pytest.approx(10.0) and moved["excess_pp"] == pytest.approx(15.0)
+    assert power.simulate(rates, 10, 10, draws=50)["excess_pp"] == pytest.approx(15.0)
+
+
+def test_cli_floor_without_excess_keeps_the_papers_excess(capsys):
+    assert power.main(["--floor", "20", "--problems", "20", "--pivots", "16", "--draws", "50"]) == 0
+    moved = capsys.readouterr().out.splitlines()
+    assert power.main(["--problems", "20", "--pivots", "16", "--draws", "50"]) == 0
+    paper = capsys.readouterr().out.splitlines()
+    header = paper[0].split()
+    row_moved, row_paper = dict(zip(header, moved[1].split())), dict(zip(header, paper[1].split()))
+    assert float(row_moved["floor_pct"]) == pytest.approx(20.0, abs=1e-3)
+    assert row_moved["excess_pp"] == row_paper["excess_pp"]

@@ -61,6 +61,90 @@ def test_pool_dedupes_keeping_first(tmp_path):
     assert len(pooled) == 3
     assert pooled.loc[pooled["abs_pos"] == 130, "source"].item() == "a"
     assert pooled.loc[pooled["abs_pos"] == 130, "A_exact1"].item() == 0.25
+    assert pooled.attrs["dropped"] == {str(tmp_path / "b.json"): (1, 2)}  # said, not silent
+
+
+def test_the_paper_rows_pool_without_dropping_anything():
+    main = records.load_paper_row("main pooled", PAPER)
+    assert len(main) == 784 + 783 and main.attrs["dropped"] == {}
+
+
+@pytest.mark.parametrize("a,b,words", [
+    ("2026-06-11/screened.json", "2026-06-11/k8.json", "(k 4 vs 8)"),
+    ("2026-06-11/primary.json", "2026-06-11/phi.json",
+     "(model 'Qwen/Qwen2.5-7B-Instruct' vs 'microsoft/Phi-4-mini-instruct')"),
+    ("2026-06-11/primary.json", "2026-06-10/temp0.json", "(k 4 vs 1)"),
+    ("2026-06-10/grpo.json", "2026-06-11/screened.json", "(model 'hkust-nlp/Qwen-2.5-7B-SimpleRL-Zoo' vs"),
+])
+def test_pool_refuses_published_files_of_different_protocols(a, b, words):
+    with pytest.raises(ValueError) as e:
+        records.pool([records.load_records(PAPER / a), records.load_records(PAPER / b)])
+    msg = str(e.value)
+    assert "\n" not in msg and str(PAPER / a) in msg and str(PAPER / b) in msg and words in msg
+
+
+def test_published_null_cont_temp_is_the_trunk_temperature(tmp_path):
+    a = write_json(tmp_path / "a.json", [pivot()])
+    a.write_text(json.dumps({"config": {"k": 4, "temperature": 0.7, "cont_temp": None}, "pivots": [pivot()]}))
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps({"config": {"k": 4, "temperature": 0.7, "cont_temp": 0.7}, "pivots": [pivot(abs_pos=9)]}))
+    c = tmp_path / "c.json"
+    c.write_text(json.dumps({"config": {"k": 4, "temperature": 0.7, "cont_temp": 0.0}, "pivots": [pivot(abs_pos=9)]}))
+    assert len(records.pool([records.load_records(a), records.load_records(b)])) == 2
+    with pytest.raises(ValueError, match=r"different protocols \(cont_temp 0.7 vs 0.0\)"):
+        records.pool([records.load_records(a), records.load_records(c)])
+
+
+def _own_run(root, stage, rows, **over):
+    """A stage directory of this package's own: records.parquet beside the stage's params.json."""
+    p = {"model": "tiny:0", "engine": "hf", "temperature": 0.7, "k": 2, "cont_temperature": 0.7,
+         "max_cont_tokens": 12, "invariant_max_cont_tokens": 8, **over}
+    d = root / stage
+    (d / "shards").mkdir(parents=True)
+    (d / "params.json").write_text(json.dumps({"stage": stage, "key": "x", "params": p, "config": root.name}))
+    pd.DataFrame(rows).to_parquet(d / "records.parquet")
+    pd.DataFrame(rows).to_parquet(d / "shards" / "problem_00003.parquet")
+    return d / "records.parquet"
+
+
+def test_pool_refuses_own_records_of_different_protocols(tmp_path):
+    main = _own_run(tmp_path / "a", "03_three_pass_replay", [pivot(config="a")])
+    df = records.load_records(main)
+    assert df.attrs["configs"]["records"] == {"model": "tiny:0", "k": 2, "cont_temp": 0.7, "max_cont_tokens": 12,
+                                              "temperature": 0.7, "engine": "hf", "batch_invariant": False,
+                                              "problems": 1}
+    same = _own_run(tmp_path / "b", "03_three_pass_replay", [pivot(abs_pos=9, config="b")])
+    assert len(records.pool([df, records.load_records(same)])) == 2
+    shard = main.parent / "shards" / "problem_00003.parquet"  # params.json two directories up
+    assert records.load_records(shard).attrs["configs"]["problem_00003"]["k"] == 2
+    for other, words in [
+        (_own_run(tmp_path / "a", "05_batch_invariant", [pivot(config="a (invariant)")], invariant_max_cont_tokens=0),
+         "(batch_invariant False vs True)"),  # 0: the invariant stage continues as far as max_cont_tokens
+        (_own_run(tmp_path / "e", "05_batch_invariant", [pivot(config="e (invariant)")]), "(max_cont_tokens 12 vs 8)"),
+        (_own_run(tmp_path / "c", "03_three_pass_replay", [pivot(config="c")], engine="vllm"), "(engine 'hf' vs 'vllm')"),
+        (_own_run(tmp_path / "d", "03_three_pass_replay", [pivot(config="d")], max_cont_tokens=400),
+         "(max_cont_tokens 12 vs 400)"),
+    ]:
+        with pytest.raises(ValueError) as e:
+            records.pool([records.load_records(shard), records.load_records(other)])
+        assert str(shard) in str(e.value) and str(other) in str(e.value) and words in str(e.value)
+    # without a params.json, the config column still tells the batch-invariant stage apart
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    pd.DataFrame([pivot(config="a (invariant)")]).to_parquet(loose / "inv.parquet")
+    with pytest.raises(ValueError, match=r"\(batch_invariant False vs True\)"):
+        records.pool([df, records.load_records(loose / "inv.parquet")])
+
+
+def test_a_key_repeated_inside_one_file_is_refused(tmp_path):
+    path = write_json(tmp_path / "x.json", [pivot(), pivot(abs_pos=146), pivot(A_exact1=1.0)])
+    with pytest.raises(ValueError) as e:
+        records.load_records(path)
+    msg = str(e.value)
+    assert "\n" not in msg and str(path) in msg and "problem_id=3, rollout=1, abs_pos=130" in msg and "record 2" in msg
+    frame = pd.DataFrame([pivot(), pivot()]).assign(source="hand")  # a frame built in code, not read
+    with pytest.raises(ValueError, match="hand: duplicate record key"):
+        records.pool([frame])
 
 
 def test_missing_required_field(tmp_path):

@@ -79,3 +79,52 @@ def _exit_code(fn):
         return fn()
     except SystemExit as e:
         return e.code
+
+
+def _report(*args):
+    return subprocess.run([sys.executable, "-m", "replaylib.report", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True)
+
+
+def test_cli_refuses_files_of_different_protocols(tmp_path):
+    out = tmp_path / "out.json"
+    screened, k8 = PAPER / "2026-06-11" / "screened.json", PAPER / "2026-06-11" / "k8.json"
+    proc = _report("--records", screened, k8, "--json", out)
+    assert proc.returncode == 2 and not out.exists()
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and "screened.json" in err[0] and "k8.json" in err[0] and "(k 4 vs 8)" in err[0]
+
+
+def _published(path, config, keys):
+    pivots = [{"problem_id": p, "rollout": r, "abs_pos": a, "margin": 0.5, "A_exact1": 0.5, "A_exact2": 0.5,
+               "A_refeed": -0.5} for p, r, a in keys]
+    path.write_text(json.dumps({"config": config, "pivots": pivots}))
+    return path
+
+
+def test_cli_says_how_many_overlapping_records_it_dropped_from_which_file(tmp_path):
+    config = {"model": "m", "k": 4, "temperature": 0.7, "cont_temp": None}
+    a = _published(tmp_path / "a.json", config, [(0, 0, 10), (0, 1, 10), (1, 0, 10)])
+    b = _published(tmp_path / "b.json", config, [(0, 0, 10), (1, 0, 10), (2, 0, 10), (2, 1, 10)])
+    out = tmp_path / "out.json"
+    proc = _report("--records", a, b, "--json", out)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"report: {b}: 2 of its 4 records dropped (an earlier file holds the same problem_id, rollout, abs_pos; "
+        f"the first is kept)"]
+    assert json.loads(out.read_text())["n_records"] == 5
+
+
+def test_cli_refuses_a_file_that_repeats_a_key(tmp_path):
+    config = {"model": "m", "k": 4}
+    bad = _published(tmp_path / "bad.json", config, [(0, 0, 10), (0, 1, 10), (0, 1, 10)])
+    out = tmp_path / "out.json"
+    proc = _report("--records", bad, "--json", out)
+    assert proc.returncode == 2 and not out.exists()
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and str(bad) in err[0] and "problem_id=0, rollout=1, abs_pos=10" in err[0]
+
+
+def test_cli_main_row_pools_quietly():
+    proc = _report("--records", PAPER / "2026-06-11" / "primary.json", PAPER / "2026-06-11" / "screened.json")
+    assert proc.returncode == 0 and proc.stderr == "" and "215/636" in proc.stdout
