@@ -1,4 +1,4 @@
-"""Loading, validating and pooling per-pivot records (PROTOCOL.md section 6)."""
+"""Loading, validating and pooling per-pivot records (docs/protocol.md section 6)."""
 
 import json
 from pathlib import Path
@@ -71,7 +71,7 @@ def test_missing_required_field(tmp_path):
         records.load_records(path)
     msg = str(e.value)
     assert "\n" not in msg
-    assert str(path) in msg and "pivot 1" in msg and "'A_refeed'" in msg and "PROTOCOL.md section 6" in msg
+    assert str(path) in msg and "pivot 1" in msg and "'A_refeed'" in msg and "docs/protocol.md section 6" in msg
 
 
 @pytest.mark.parametrize("field,value,words", [

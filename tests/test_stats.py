@@ -1,4 +1,4 @@
-"""Statistics of PROTOCOL.md section 4: the paper's published numbers, and edge cases."""
+"""Statistics of docs/protocol.md section 4: the paper's published numbers, and edge cases."""
 
 import json
 import math
@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from replaylib import records, stats
+from replaylib import records, stats, tables
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "data" / "paper-records"
@@ -84,7 +84,7 @@ def test_summary_keys_exact(main_summary):
     json.dumps(main_summary, allow_nan=False)
 
 
-# ---------------------------------------------------------------- every Table 1 row (PROTOCOL.md)
+# ---------------------------------------------------------------- every Table 1 row (docs/protocol.md 5.1)
 
 TABLE1 = {  # n, refeed, (polarity), floor, (polarity), excess, t, z  as printed
     "main pooled": (636, "33.8", "3.9", "15.1", "1.1", "+18.7", "5.51", "8.61"),
@@ -122,7 +122,7 @@ def test_batch_invariant_row(rows):
 
 
 def test_table1_formatting(rows):
-    t = stats.table1(rows)
+    t = tables.table1(rows)
     assert list(t.columns) == ["configuration", "model", "K", "cont. temp", "problems", "n (common)",
                                "refeed (polarity)", "floor (polarity)", "excess pp", "t_clust", "z"]
     main = t.iloc[0].tolist()
@@ -134,7 +134,7 @@ def test_table1_formatting(rows):
     assert bi[5:] == [106, "0.0%", "0.0%", "0", "-", "-"]
 
 
-# ---------------------------------------------------------------- in-text numbers (PROTOCOL.md)
+# ---------------------------------------------------------------- in-text numbers (docs/protocol.md 5.1)
 
 IN_TEXT = {  # exact1-conditioned excess, Jaccard 0.5 refeed, ceiling
     "main pooled": ("+11.7", "0.68", "0.84"),
@@ -165,7 +165,7 @@ def test_probe_ranges_and_cache_totals(rows):
     # first-campaign rows carry no cache fields
     assert summaries["greedy continuations"]["cache"] is None
     assert summaries["GRPO checkpoint"]["cache"] is None
-    tab = stats.table_cache(rows).set_index("configuration")
+    tab = tables.table_cache(rows).set_index("configuration")
     assert tab.loc["total, stock engine", "pivots"] == 3434
     assert tab.loc["total", "pivots"] == 3829
     assert tab.loc["total", "exact1 verified"] == tab.loc["total", "exact2 verified"] == "100.0%"
@@ -173,20 +173,21 @@ def test_probe_ranges_and_cache_totals(rows):
 
 def test_all_tables_written(rows, tmp_path):
     small = {lab: rows[lab] for lab in ("main pooled", "greedy continuations", "batch-invariant")}
-    tables = stats.all_tables(small)
-    assert list(tables) == ["tab1_main", "tab2_jaccard", "tab3_exact1_excess", "tab4_bias", "tab5_margin",
-                            "tab6_probes", "tab7_eligibility", "tab8_cache", "tab9_bootstrap", "tab10_passes",
-                            "tab11_pass_order", "tab12_exactness"]
-    for name, df in tables.items():
-        paths = stats.write_table(df, name, tmp_path)
+    written = tables.all_tables(small)
+    assert list(written) == ["tab1_main", "tab2_jaccard", "tab3_exact1_excess", "tab4_bias", "tab5_margin",
+                             "tab6_probes", "tab7_eligibility", "tab8_cache", "tab9_bootstrap", "tab10_passes",
+                             "tab11_pass_order", "tab12_exactness", "tab13_clustered", "tab14_selection",
+                             "tab15_preregistered", "tab16_cohorts", "tab17_per_problem", "tab18_runs"]
+    for name, df in written.items():
+        paths = tables.write_table(df, name, tmp_path)
         assert [p.name for p in paths] == [f"{name}.csv", f"{name}.md", f"{name}.tex"]
         assert all(p.stat().st_size > 0 for p in paths)
     md = (tmp_path / "tab1_main.md").read_text().splitlines()
     assert md[0].startswith("| configuration | model | K |") and md[1].startswith("|---|")
     assert "\\%" in (tmp_path / "tab1_main.tex").read_text()
-    bias = tables["tab4_bias"].set_index("configuration")
+    bias = written["tab4_bias"].set_index("configuration")
     assert bias.loc["main pooled", "95% CI"] == "[-0.0285, +0.0065]"
-    elig = tables["tab7_eligibility"].iloc[0]
+    elig = written["tab7_eligibility"].iloc[0]
     assert (elig["exact1 non-zero"], elig["only refeed"], elig["only replica"]) == (515, 77, 18)
 
 
