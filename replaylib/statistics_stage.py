@@ -56,7 +56,9 @@ def run_inputs(params, stage: StageDir, out_dir=None) -> dict:
     invariant = rec.load_records(stage.upstream("05_batch_invariant") / "records.parquet")
     for df, label, inv in [(main, params.config, False), (invariant, f"{params.config} batch-invariant", True)]:
         df.attrs["configs"] = {label: {"model": params.model, "k": params.k, "cont_temp": params.cont_temperature,
-                                       "problems": int(df.problem_id.nunique()), "batch_invariant": inv}}
+                                       "temperature": params.temperature, "problems": int(df.problem_id.nunique()),
+                                       "screen_mixed": params.screen_mixed, "scan_start": params.problem_start,
+                                       "batch_invariant": inv}}
     rows = {params.config: main, f"{params.config} batch-invariant": invariant}
     return {"rows": rows, "runs": {label: {"records": df} for label, df in rows.items()}, "cohorts": None,
             "main": main, "main_label": params.config, "fig3": main, "invariant": invariant}

@@ -1,4 +1,5 @@
-"""Statistics of the three-pass replay measurement (docs/protocol.md section 4).
+"""Statistics of the three-pass replay measurement (docs/protocol.md section 4; "sec." in
+the docstrings below means a section of docs/protocol.md).
 
 Pure functions of record frames: no plotting and no file writing (tables:
 ``replaylib.tables``; figures: ``replaylib.plotting``; the stage: ``replaylib.statistics_stage``).
@@ -14,8 +15,8 @@ records of a run, and selects the set it is defined on itself:
 
 Passes are named by their column suffix: ``"exact2"`` (the replica, i.e. the noise
 floor) and ``"refeed"``; both are compared against ``"exact1"``. sign(0) = 0.
-Numerical conventions (docs/protocol.md section 4.6): sample standard deviations
-(n-1); a t with zero spread is 0; McNemar z is 0 when b + c = 0; normal 95% CIs (mean +- 1.96 sd/sqrt(n));
+Numerical conventions (sec. 4.6): sample standard deviations (n-1); a t with zero
+spread is 0; McNemar z is 0 when b + c = 0; normal 95% CIs (mean +- 1.96 sd/sqrt(n));
 Jaccard is None when both sets are empty. Where a statistic needs more records than
 there are (a t from fewer than 2 values, a rate over 0 records) it is None.
 """
@@ -62,13 +63,13 @@ def exclude_not_exact(df: pd.DataFrame) -> tuple[pd.DataFrame, int | None]:
 
 
 def common_set(df: pd.DataFrame) -> pd.DataFrame:
-    """Pivots where any pass has A != 0: the pre-registered common denominator (sec. 4)."""
+    """Pivots where any pass has A != 0: the paper's reporting denominator (sec. 4.1)."""
     nz = (df["A_exact1"] != 0) | (df["A_exact2"] != 0) | (df["A_refeed"] != 0)
     return df.loc[nz]
 
 
 def exact1_set(df: pd.DataFrame) -> pd.DataFrame:
-    """Pivots with A_exact1 != 0: the treatment-independent (exact1-conditioned) set."""
+    """Pivots with A_exact1 != 0: the treatment-independent (exact1-conditioned) set (sec. 4.1)."""
     return df.loc[df["A_exact1"] != 0]
 
 
@@ -146,7 +147,7 @@ def row_meta(label: str, df: pd.DataFrame | None = None) -> dict:
 # --------------------------------------------------------------------------- rates
 
 def disagreement(df: pd.DataFrame, other: str) -> dict:
-    """Sign disagreement of pass ``other`` with exact1 over the records given (sec. 4).
+    """Sign disagreement of pass ``other`` with exact1 over the records given (sec. 4.2).
 
     flips = #{sign(A_exact1) != sign(A_other)}, split into zero-crossings (one side 0)
     and polarity reversals (both non-zero, opposite signs). Rates are flips / n (exact
@@ -186,7 +187,7 @@ def excess_pp(r: dict) -> float | None:
 
 
 def eligibility(df: pd.DataFrame) -> dict:
-    """Where common pivots come from (sec. 4): A_exact1 != 0, or non-zero only under refeed
+    """Where common pivots come from (sec. 4.2): A_exact1 != 0, or non-zero only under refeed
     (A_refeed != 0, A_exact1 = A_exact2 = 0), or only under the replica (A_exact2 != 0,
     A_exact1 = A_refeed = 0). Pivots non-zero under both refeed and replica but not exact1
     are the remainder of the common set."""
@@ -217,7 +218,7 @@ def _t_stat(values) -> tuple[float | None, float | None, bool]:
 
 def bias(df: pd.DataFrame) -> dict:
     """Bias of re-feeding: mean of (A_refeed - A_exact1) over the common set, its t
-    (sample sd, zero spread -> 0) and normal 95% CI mean +- 1.96 sd/sqrt(n) (sec. 4)."""
+    (sample sd, zero spread -> 0) and normal 95% CI mean +- 1.96 sd/sqrt(n) (sec. 4.3)."""
     c = common_set(df)
     d = (c["A_refeed"] - c["A_exact1"]).to_numpy(dtype=float)
     mean, t, _ = _t_stat(d)
@@ -230,7 +231,7 @@ def bias(df: pd.DataFrame) -> dict:
 
 def mcnemar(df: pd.DataFrame) -> dict:
     """McNemar z = (b - c)/sqrt(b + c) on the common set; b = only refeed disagrees with
-    exact1, c = only the replica does; z = 0 when b + c = 0 (sec. 4)."""
+    exact1, c = only the replica does; z = 0 when b + c = 0 (sec. 4.3)."""
     c_ = common_set(df)
     fr, ff = _disagrees(c_, "refeed"), _disagrees(c_, "exact2")
     b, c = int(np.sum(fr & ~ff)), int(np.sum(ff & ~fr))
@@ -265,7 +266,7 @@ def _clustered(df: pd.DataFrame) -> tuple[dict, bool]:
 
 
 def clustered(df: pd.DataFrame) -> dict:
-    """Problem-clustered test of the excess (sec. 4).
+    """Problem-clustered test of the excess (sec. 4.3).
 
     Per problem with at least one common pivot (problems without any are left out):
     d = (refeed flips - floor flips) / that problem's common n; one-sample t of d over
@@ -289,7 +290,7 @@ def jaccard_sets(a: set, b: set) -> float | None:
 
 
 def jaccard(df: pd.DataFrame, threshold: float) -> dict:
-    """Critical-token agreement on all records (sec. 4): Jaccard of the refeed set vs the
+    """Critical-token agreement on all records (sec. 4.4): Jaccard of the refeed set vs the
     exact1 set, against the replica (exact2) vs exact1 Jaccard (the ceiling)."""
     s1 = critical_set(df, "exact1", threshold)
     return {
@@ -300,7 +301,7 @@ def jaccard(df: pd.DataFrame, threshold: float) -> dict:
 
 
 def selection_gap(df: pd.DataFrame, threshold: float) -> dict:
-    """How much of the critical-token selection gap re-feeding adds (docs/protocol.md 4.4).
+    """How much of the critical-token selection gap re-feeding adds (sec. 4.4).
 
     Refeed's gap from perfect agreement with exact1 is 1 - J_refeed; the replica's own gap
     1 - J_replica is measurement noise, so re-feeding adds (J_replica - J_refeed) of it:
@@ -314,7 +315,7 @@ def selection_gap(df: pd.DataFrame, threshold: float) -> dict:
 
 
 def selection_near_threshold(df: pd.DataFrame, threshold: float, k: int) -> dict:
-    """Where critical-token selections disagree (docs/protocol.md 4.4): for refeed and the
+    """Where critical-token selections disagree (sec. 4.4): for refeed and the
     replica against exact1, the pivots selected (|A| >= threshold) under one pass and not
     the other (``disagreements``); ``within_1_over_k``: those where one of the two |A|
     lies within 1/K of the threshold (one step of the estimator away from flipping the
@@ -335,7 +336,7 @@ def selection_near_threshold(df: pd.DataFrame, threshold: float, k: int) -> dict
 
 def margin_buckets(df: pd.DataFrame, split: float = MARGIN_SPLIT) -> dict:
     """Refeed and floor disagreement rates on the common set, split at the pivot's top-1 vs
-    top-2 logprob gap: margin < split ("lt") and margin >= split ("ge") (sec. 4)."""
+    top-2 logprob gap: margin < split ("lt") and margin >= split ("ge") (sec. 4.3)."""
     c = common_set(df)
     out = {"split": split}
     for key, mask in (("lt", c["margin"] < split), ("ge", c["margin"] >= split)):
@@ -381,7 +382,7 @@ def _probe_side(sub: pd.DataFrame, pass_: str) -> dict:
 
 
 def probes(df: pd.DataFrame) -> dict | None:
-    """Greedy-probe channel (sec. 4) on records carrying probe fields; None if none do.
+    """Greedy-probe channel (sec. 4.5) on records carrying probe fields; None if none do.
 
     divergence_rate: share of pivots where either arm's greedy probe tokens differ from
     exact1's; bit_exact_rate: share of per-pivot max |first-token logprob delta| == 0;
@@ -395,7 +396,7 @@ def probes(df: pd.DataFrame) -> dict | None:
 
 
 def cache(df: pd.DataFrame) -> dict | None:
-    """Cache instrumentation (docs/protocol.md 3.3, 4.5): share of records whose exact1 /
+    """Cache instrumentation (sec. 3.3, 4.5): share of records whose exact1 /
     exact2 resume was verified (num_cached_tokens at least the block-aligned prefix); None
     without the fields. Give it all records, before any exclusion (``summarize`` does)."""
     sub = df.loc[_present(df, CACHE_FIELDS)]
@@ -416,7 +417,7 @@ def _own_set(df: pd.DataFrame, other: str) -> dict:
 
 
 def preregistered(df: pd.DataFrame, split: float = MARGIN_SPLIT) -> dict:
-    """The pre-registered metrics as registered (docs/protocol.md 5.3), in the layout of the
+    """The pre-registered metrics as registered (sec. 5.3), in the layout of the
     harness's ``aggregate`` block: primary = sign disagreement of exact1 vs refeed over the
     pivots where either of the two is non-zero, the floor (exact1 vs exact2) over its own
     such set, both again by margin bucket; secondary: mean |A_exact1 - A_refeed| over all
@@ -437,7 +438,7 @@ def preregistered(df: pd.DataFrame, split: float = MARGIN_SPLIT) -> dict:
 
 
 def passes_identical(df: pd.DataFrame) -> bool:
-    """Whether all three passes agree on every channel (docs/protocol.md 3.5): equal A on
+    """Whether all three passes agree on every channel (sec. 3.5): equal A on
     every record and, on records carrying probe fields, no greedy-probe divergence and
     every first-token logprob delta exactly 0. False for an empty frame."""
     if len(df) == 0:

@@ -39,7 +39,7 @@ def _excluded(df):
 
 
 def table1(rows: dict) -> pd.DataFrame:
-    """Table 1 (sec. 4): one line per configuration, the paper's columns and rounding;
+    """Table 1 (docs/protocol.md 5.1): one line per configuration, the paper's columns and rounding;
     "-" where a statistic is undefined (t with zero spread, z with b + c = 0)."""
     out = []
     for label, df in rows.items():
@@ -75,7 +75,7 @@ def table1(rows: dict) -> pd.DataFrame:
 
 def table_jaccard(rows: dict) -> pd.DataFrame:
     """Critical-token Jaccard per configuration at |A| >= 0.5 and 0.75, with the replica
-    ceiling (sec. 4, in-text numbers)."""
+    ceiling (docs/protocol.md 4.4, in-text numbers)."""
     out = []
     for label, df in rows.items():
         df = _excluded(df)

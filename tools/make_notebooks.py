@@ -55,7 +55,7 @@ BODY = {
 For every problem, N rollouts ("trunks") at the trunk temperature and top-p, seeded by a stable
 hash of (problem, "trunk", rollout). Every generated token keeps its raw top-k logprobs (before
 temperature and top-p: the pivot margin is measured on the model's own distribution). With
-`screen_mixed`, a problem is kept only if its trunk accuracy is neither 0 nor 1 (PROTOCOL.md 3.1).
+`screen_mixed`, a problem is kept only if its trunk accuracy is neither 0 nor 1 (docs/protocol.md 3.1).
 The transformers engine also saves each kept trunk's decode-time KV state, so that the replay
 stage can resume exactly the state the model had while decoding.
 
@@ -76,7 +76,7 @@ required the pivot to sit within `boundary_slack` tokens past a block boundary; 
 engine resumes at any token, so `block_size: 1` (the default) lifts that filter and
 `block_size: 16` reproduces the paper's. The alternative arm forces the most likely other
 token; EOS and special alternatives are skipped; at most `max_pivots_per_rollout` per trunk,
-earliest first (PROTOCOL.md 3.2).
+earliest first (docs/protocol.md 3.2).
 
 Writes `runs/<config>/02_pivot_mining/pivots.parquet` and `margins.parquet`."""),
         ("code", "from replaylib import pivots, plotting, sampling\nfrom replaylib.rundir import StageDir, figures_dir\n\npivot_table = pivots.run(P, OUT)\ntrunks, _, _ = sampling.load(P, OUT)\npivots.summary(pivot_table, trunks)"),
@@ -91,7 +91,7 @@ Writes `runs/<config>/02_pivot_mining/pivots.parquet` and `margins.parquet`.""")
 Each pivot is cut from its trunk and both arms are forced: the sampled token (*actual*) and the
 best alternative (*alt*). Each arm gets K sampled continuations, seeded by
 hash(problem, rollout, abs_pos, arm, k), and one greedy 32-token probe, in three passes
-(PROTOCOL.md 3.3):
+(docs/protocol.md 3.3):
 
 * **exact1** resumes the decode-time KV state saved by stage 1 (loaded from disk and checked
   against its digest);
@@ -151,7 +151,7 @@ The same measurement with the engine in an invariant mode, in which prefill and 
 every token identically. On the transformers engine every forward pass is one token of one
 sequence; on vLLM, `VLLM_BATCH_INVARIANT=1` with an invariant attention backend. The prediction
 (met exactly in the paper): exact1, exact2 and refeed agree on every channel: estimates, probe
-tokens and probe logprobs. The stage fails if any pivot disagrees (PROTOCOL.md 3.5).
+tokens and probe logprobs. The stage fails if any pivot disagrees (docs/protocol.md 3.5).
 
 Writes `runs/<config>/05_batch_invariant/records.parquet` and `invariant.json`."""),
         ("code", "from replaylib import invariant\n\nreport = invariant.run(P, OUT)\npd.Series(report)"),
