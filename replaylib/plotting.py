@@ -313,6 +313,19 @@ def to_png(fig, dpi: int = 110) -> bytes:
 
 # ------------------------------------------------------------------ other figures
 
+def _margin_bins(values) -> np.ndarray:
+    return np.linspace(0, max(8.0, float(np.nanmax(values)) if values.size else 8.0), 60)
+
+
+def margin_histogram_data(margins, threshold: float) -> pd.DataFrame:
+    """Supplementary figure's bars: token counts per margin bin, and whether the bin lies
+    below the pivot threshold."""
+    values = np.asarray(margins, dtype=float)
+    counts, edges = np.histogram(values, bins=_margin_bins(values))
+    return pd.DataFrame({"bin_left": edges[:-1], "bin_right": edges[1:], "tokens": counts,
+                         "below_threshold": edges[1:] <= threshold})
+
+
 def margin_histogram(margins, threshold: float):
     """Supplementary: histogram of the raw top-1 minus top-2 logprob gap of every generated
     token, with the pivot threshold marked (stage 2)."""
@@ -320,8 +333,7 @@ def margin_histogram(margins, threshold: float):
         fig = Figure(figsize=(SINGLE, 2.2), layout="constrained")
         ax = fig.add_subplot()
         values = np.asarray(margins, dtype=float)
-        ax.hist(values, bins=np.linspace(0, max(8.0, float(np.nanmax(values)) if values.size else 8.0), 60),
-                color=FLOOR_COLOR)
+        sns.histplot(x=values, bins=_margin_bins(values), color=FLOOR_COLOR, ax=ax, alpha=1, linewidth=0)
         ax.axvline(threshold, color=REFEED_COLOR, lw=1)
         share = float(np.mean(values < threshold)) if values.size else 0.0
         ax.set_title(f"{share:.1%} of {values.size} tokens below the pivot threshold {threshold:g}")
