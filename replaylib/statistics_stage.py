@@ -8,6 +8,8 @@ product in the stage's manifest under ``products``, by path relative to the out 
 
 from __future__ import annotations
 
+import pandas as pd
+
 from replaylib import plotting, records as rec, replay, stats, tables
 from replaylib.rundir import (REPO, StageDir, atomic_write_json, figures_dir, out_root, sha256_file,
                               tables_dir)
@@ -21,8 +23,6 @@ COHORTS = {"primary": "2026-06-11/primary.json", "screened": "2026-06-11/screene
 
 def _concat(frames):
     """Frames stacked as they are (no deduplication), their configs kept."""
-    import pandas as pd
-
     frames = list(frames)
     out = pd.concat(frames, ignore_index=True)
     out.attrs = {"configs": {k: v for f in frames for k, v in f.attrs.get("configs", {}).items()}}
