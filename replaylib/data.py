@@ -1,4 +1,4 @@
-"""Loading the vendored GSM8K and MATH-500 test sets (PROTOCOL.md section 2)."""
+"""Loading the vendored GSM8K and MATH-500 test sets (docs/protocol.md section 2)."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ that source, the comment names it.
   text, so a model that writes a second answer after its first is graded on the second.
 - Batch-invariant mode: VLLM_BATCH_INVARIANT=1 must be set before vLLM is imported, and
   the attention backend is params.invariant_attention_backend (TRITON_ATTN; FA3 is not
-  invariant between prefill and decode, see shared/gpu/README.md). enforce_eager is ignored
+  invariant between prefill and decode, see docs/protocol.md section 7.2). enforce_eager is ignored
   in this mode: on the H200 with the real 0.5B model, eager mode left refeed different from
   exact1 (0/62 probe logprobs bit-exact), CUDA graphs + torch.compile made all passes
   identical (24/24); docs/gpu-h200.md.

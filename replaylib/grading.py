@@ -1,4 +1,4 @@
-"""Answer extraction and 0/1 grading for GSM8K (PROTOCOL.md section 2) and MATH-500.
+"""Answer extraction and 0/1 grading for GSM8K (docs/protocol.md section 2) and MATH-500.
 
 GSM8K: the prediction is the last \\boxed{N} holding a number, else the last `Answer: N`,
 else the last number in the text; commas and `$` are stripped; correct iff

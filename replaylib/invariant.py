@@ -1,4 +1,4 @@
-"""Stage 5: batch-invariant confirmation (PROTOCOL.md section 3.5).
+"""Stage 5: batch-invariant confirmation (docs/protocol.md section 3.5).
 
 Sampling and the three passes rerun with the engine in an invariant mode, in which
 prefill and decode compute each token identically (transformers engine: every forward

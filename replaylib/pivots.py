@@ -1,4 +1,4 @@
-"""Stage 2: pivot mining (PROTOCOL.md section 3.2).
+"""Stage 2: pivot mining (docs/protocol.md section 3.2).
 
 A generated token is a pivot when its raw top-1 minus top-2 logprob is below the margin
 threshold. The paper's paged-cache engine also needs the pivot's absolute position within

@@ -1,22 +1,31 @@
-"""Figures of the paper (PROTOCOL.md section 5), drawn with matplotlib.
+"""Figures of the paper (docs/protocol.md section 5.2), drawn with seaborn on matplotlib.
 
-Figures are plain ``matplotlib.figure.Figure`` objects (no pyplot state, never shown),
-sized for a two-column paper: 7 in wide (double column) or 3.4 in (single column),
-fonts 7-8 pt. ``save_figure`` writes PDF and PNG.
+Each figure has a data function (``fig1_data``, ``fig2_data``, ``fig3_data``) returning the
+frame it plots, written as CSV beside the figure, and a drawing function returning
+``(fig, ax)``. Figures are plain ``matplotlib.figure.Figure`` objects (no pyplot state,
+never shown), sized as the paper's; ``save_figure`` writes PDF, PNG and the data.
+``paper_figure`` renders the paper's own figure (vendored in data/paper-figures/) and
+``side_by_side`` puts it beside a regenerated one.
 """
 
 from __future__ import annotations
 
+import io
 import textwrap
 from pathlib import Path
 
 import matplotlib as mpl
 import numpy as np
+import pandas as pd
+import seaborn as sns
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from replaylib import stats
+from replaylib.rundir import REPO, atomic_save
+
+infer_k = stats.infer_k  # kept here for callers of plotting.infer_k
 
 DOUBLE = 7.0
 SINGLE = 3.4
@@ -32,152 +41,289 @@ _RC = {
     "pdf.fonttype": 42,
 }
 REFEED_COLOR = "#c0392b"
-FLOOR_COLOR = "#5d6d7e"
+FLOOR_COLOR = "#7f8c8d"
+INVARIANT_COLOR = "#2e86c1"
+PAPER_FIGURES = REPO / "data" / "paper-figures"
+PAPER_FILES = {"fig1_quadrants": "fig_quadrants.pdf", "fig2_configs": "fig_configs.pdf",
+               "fig3_logprob_ecdf": "fig_logprob_ecdf.pdf"}
+FIG3_XLIM = (1e-8, 0.3)  # the paper's x range; zeros are drawn at the left edge
 
 
-def infer_k(df) -> int:
-    """K of a run: the published config's ``k`` when the records carry one, else the
-    smallest K <= 64 that puts every A on the grid of steps 1/K."""
-    ks = {c.get("k") for c in df.attrs.get("configs", {}).values() if c and c.get("k")}
-    if len(ks) == 1:
-        return int(ks.pop())
-    a = np.concatenate([df[f"A_{p}"].to_numpy(float) for p in ("exact1", "exact2", "refeed")])
-    for k in range(1, 65):
-        if np.all(np.abs(a * k - np.round(a * k)) < 1e-6):
-            return k
-    raise ValueError("cannot infer K from the A values; pass k= explicitly")
+# ------------------------------------------------------------------ Figure 1
 
-
-def _counts(x, y, k):
-    ix = np.round((np.asarray(x) + 1) * k).astype(int)
-    iy = np.round((np.asarray(y) + 1) * k).astype(int)
-    grid = np.zeros((2 * k + 1, 2 * k + 1), dtype=int)
-    np.add.at(grid, (iy, ix), 1)
-    return grid
-
-
-def fig1_quadrants(df, k: int | None = None):
-    """Figure 1: count heatmaps (log colour) of A_exact1 (x) against A_refeed and against
-    A_exact2 (y) over the common set, on the (2K+1) x (2K+1) grid of values -1..1 in
-    steps 1/K; non-empty sign-disagreement cells outlined. Returns (fig, axes)."""
+def fig1_data(df, k: int | None = None) -> pd.DataFrame:
+    """Figure 1's cells: for refeed and the replica, every (A_exact1, A_other) cell of the
+    (2K+1) x (2K+1) grid with its count of common-set pivots (flagged records excluded)
+    and whether it is a sign-disagreement cell."""
     k = k or infer_k(df)
     c = stats.common_set(stats.exclude_not_exact(df)[0])
-    grids = [_counts(c["A_exact1"], c["A_refeed"], k), _counts(c["A_exact1"], c["A_exact2"], k)]
-    vmax = max(1, max(int(g.max()) for g in grids))
-    norm = LogNorm(vmin=1, vmax=vmax)
-    cmap = mpl.colormaps["Blues"].with_extremes(bad="white")
     values = np.linspace(-1, 1, 2 * k + 1)
-    signs = np.sign(values)
-    step = max(1, k // 2)
+    ix = np.round((c["A_exact1"].to_numpy(float) + 1) * k).astype(int)
+    out = []
+    for comparison, pass_ in (("refeed", "refeed"), ("replica", "exact2")):
+        iy = np.round((c[f"A_{pass_}"].to_numpy(float) + 1) * k).astype(int)
+        grid = np.zeros((2 * k + 1, 2 * k + 1), dtype=int)
+        np.add.at(grid, (iy, ix), 1)
+        for j, y in enumerate(values):
+            for i, x in enumerate(values):
+                out.append({"comparison": comparison, "A_exact1": x, "A_other": y, "count": int(grid[j, i]),
+                            "sign_disagreement": bool(np.sign(x) != np.sign(y))})
+    return pd.DataFrame(out)
+
+
+def fig1_quadrants(df, k: int | None = None, label: str = "Pooled main configuration"):
+    """Figure 1: count heatmaps (log colour, one colour bar) of A_exact1 (x) against
+    A_refeed and against A_exact2 (y) over the common set, on the grid of steps 1/K;
+    every sign-disagreement cell outlined, counts in the cells (K <= 4); titles carry the
+    disagreement counts, the suptitle the set and n. Returns (fig, axes)."""
+    k = k or infer_k(df)
+    data = fig1_data(df, k)
+    c = stats.common_set(stats.exclude_not_exact(df)[0])
+    n = len(c)
+    values = np.linspace(-1, 1, 2 * k + 1)
+    grids = {comp: sub.pivot(index="A_other", columns="A_exact1", values="count").iloc[::-1]
+             for comp, sub in data.groupby("comparison", sort=False)}
+    vmax = max(1, int(data["count"].max()))
+    norm = LogNorm(vmin=1, vmax=vmax)
+    cmap = mpl.colormaps["viridis"]
+    step = max(1, k // 4)
     with mpl.rc_context(_RC):
-        fig = Figure(figsize=(DOUBLE, 3.3), layout="constrained")
-        axes = fig.subplots(1, 2)
-        for ax, grid, ylabel, title in zip(
-            axes, grids, ["$A_{refeed}$", "$A_{exact2}$ (replica)"],
-            ["re-fed prefix vs exact resume", "replica vs exact resume (noise floor)"],
-        ):
-            img = ax.imshow(np.ma.masked_equal(grid, 0), origin="lower", cmap=cmap, norm=norm,
-                            extent=(-0.5, 2 * k + 0.5, -0.5, 2 * k + 0.5))
-            for iy in range(2 * k + 1):
-                for ix in range(2 * k + 1):
-                    n = grid[iy, ix]
-                    if n and signs[ix] != signs[iy]:
-                        ax.add_patch(Rectangle((ix - 0.44, iy - 0.44), 0.88, 0.88, fill=False,
-                                               edgecolor=REFEED_COLOR, linewidth=1.0))
-                    if n and k <= 4:
-                        dark = norm(n) > 0.6
-                        ax.text(ix, iy, str(n), ha="center", va="center", fontsize=7,
-                                color="white" if dark else "black")
+        fig = Figure(figsize=(DOUBLE, 3.4), layout="constrained")
+        axes = fig.subplots(1, 2, sharey=True)
+        for ax, comp, title in zip(axes, ("refeed", "replica"),
+                                   ("re-feed vs exact resume", "exact replica vs exact resume (floor)")):
+            grid = grids[comp]
+            flips = int(data.loc[(data.comparison == comp) & data.sign_disagreement, "count"].sum())
+            sns.heatmap(grid, ax=ax, mask=grid.to_numpy() == 0, norm=norm, cmap=cmap, cbar=False,
+                        annot=k <= 4, fmt="d", annot_kws={"fontsize": 6}, square=True)
+            for j, y in enumerate(grid.index):  # rows top (A = 1) to bottom (A = -1)
+                for i, x in enumerate(grid.columns):
+                    if np.sign(x) != np.sign(y):
+                        ax.add_patch(Rectangle((i, j), 1, 1, fill=False, edgecolor="crimson", lw=0.5))
             ticks = np.arange(0, 2 * k + 1, step)
-            ax.set_xticks(ticks, [f"{values[i]:g}" for i in ticks])
-            ax.set_yticks(ticks, [f"{values[i]:g}" for i in ticks])
-            ax.set_xlabel("$A_{exact1}$ (resumed decode-time state)")
-            ax.set_ylabel(ylabel)
-            ax.set_title(title)
-            ax.axhline(k, color="0.6", lw=0.5, zorder=0)
-            ax.axvline(k, color="0.6", lw=0.5, zorder=0)
-            ax.spines[["top", "right"]].set_visible(True)
-        cb = fig.colorbar(img, ax=list(axes), shrink=0.85, pad=0.02)
-        cb.set_label(f"pivots (common set, n = {len(c)}; log scale)")
+            ax.set_xticks(ticks + 0.5, [f"{values[i]:g}" for i in ticks], rotation=0)
+            ax.set_yticks(ticks + 0.5, [f"{values[::-1][i]:g}" for i in ticks], rotation=0)
+            ax.set_xlabel(r"$\hat{A}_t$ (exact resume, pass 1)")
+            ax.set_ylabel("")
+            ax.set_title(f"{title}\ndisagreements: {flips}/{n} = {100 * flips / n if n else 0:.1f}%")
+            for side in ax.spines.values():
+                side.set_visible(True)
+        axes[0].set_ylabel(r"$\hat{A}_t$ (comparison pass)")
+        cb = fig.colorbar(mpl.cm.ScalarMappable(norm=norm, cmap=cmap), ax=list(axes), shrink=0.8, pad=0.02)
+        cb.set_label("pivots per cell (log scale)")
         cb.ax.yaxis.set_major_formatter(mpl.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        axes[0].text(0.98, 0.03, "outlined: sign differs\nfrom $A_{exact1}$", transform=axes[0].transAxes,
-                     ha="right", va="bottom", fontsize=7, color=REFEED_COLOR)
+        problems = c["problem_id"].nunique()
+        fig.suptitle(f"{label} ({problems} problems, common eligible set n={n}); red boxes = sign disagreement")
     return fig, axes
 
 
-def fig2_configs(rows: dict):
-    """Figure 2: refeed vs floor (replica) disagreement on the common set, one bar pair per
-    configuration, annotated with the excess in pp (a batch-invariant run shows zero
-    bars). ``rows``: {label: record frame}. Returns (fig, ax)."""
-    labels, ref, flo, exc = [], [], [], []
+# ------------------------------------------------------------------ Figure 2
+
+def _short_model(model) -> str:
+    name = str(model).split("/")[-1]
+    for suffix in ("-Instruct", "-instruct"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+def fig2_data(rows: dict) -> pd.DataFrame:
+    """Figure 2's bars: per configuration its model and settings (``stats.row_meta``),
+    common-set n, refeed and floor flips and rates (%), the excess (pp), whether all passes
+    were identical on every channel, and the tick label drawn."""
+    out = []
     for label, df in rows.items():
-        r = stats.rates(stats.exclude_not_exact(df)[0], "common")
-        labels.append(label)
-        ref.append(100 * (r["refeed"]["rate"] or 0.0))
-        flo.append(100 * (r["floor"]["rate"] or 0.0))
-        exc.append(stats.excess_pp(r))
-    x = np.arange(len(labels))
-    w = 0.38
+        meta = stats.row_meta(label, df)
+        df = stats.exclude_not_exact(df)[0]
+        r = stats.rates(df, "common")
+        temp = meta["cont_temp"]
+        settings = f"t={temp:g} K={meta['k']}" if isinstance(temp, (int, float)) else f"K={meta['k']}"
+        model = _short_model(meta["model"])
+        model = "" if model in label else textwrap.fill(model, 14, break_on_hyphens=True) + "\n"
+        out.append({"configuration": label, "model": meta["model"], "k": meta["k"], "cont_temp": temp,
+                    "n": r["n"], "refeed_flips": r["refeed"]["flips"], "floor_flips": r["floor"]["flips"],
+                    "refeed_rate_pct": 100 * (r["refeed"]["rate"] or 0.0),
+                    "floor_rate_pct": 100 * (r["floor"]["rate"] or 0.0),
+                    "excess_pp": stats.excess_pp(r), "bitwise_identical": stats.passes_identical(df),
+                    "tick_label": f"{textwrap.fill(label, 14)}\n{model}{settings}\nn={r['n']}"})
+    return pd.DataFrame(out)
+
+
+def fig2_configs(rows: dict):
+    """Figure 2: refeed vs floor (replica) disagreement on the common set, grouped bars per
+    configuration, the excess in pp above each pair; a run whose passes were identical on
+    every channel is marked "0: bitwise identical". ``rows``: {label: record frame}.
+    Returns (fig, ax)."""
+    data = fig2_data(rows)
+    long = data.melt(id_vars=["tick_label"], value_vars=["refeed_rate_pct", "floor_rate_pct"],
+                     var_name="series", value_name="rate")
+    long["series"] = long["series"].map({"refeed_rate_pct": "re-feed vs exact resume",
+                                         "floor_rate_pct": "replica floor"})
+    top = max(1.0, float(long["rate"].max()))
     with mpl.rc_context(_RC):
-        fig = Figure(figsize=(DOUBLE, 2.6), layout="constrained")
+        fig = Figure(figsize=(DOUBLE, 3.0), layout="constrained")
         ax = fig.subplots()
-        ax.bar(x - w / 2, ref, w, color=REFEED_COLOR, label="refeed vs exact1")
-        ax.bar(x + w / 2, flo, w, color=FLOOR_COLOR, label="replica vs exact1 (floor)")
-        top = max(ref + flo + [1.0])
-        for xi, r_, f_, e in zip(x, ref, flo, exc):
-            text = "-" if e is None else ("0 pp" if r_ == f_ == 0 else f"{e:+.1f} pp")
-            ax.text(xi, max(r_, f_) + 0.03 * top, text, ha="center", va="bottom", fontsize=7)
-        ax.set_xticks(x, [textwrap.fill(lab, 12, break_long_words=False) for lab in labels])
-        ax.set_ylabel("sign disagreement (%)")
-        ax.set_ylim(0, top * 1.18)
-        ax.legend(loc="upper left", frameon=False, ncols=2)
+        sns.barplot(long, x="tick_label", y="rate", hue="series", ax=ax, width=0.7,
+                    palette=[REFEED_COLOR, FLOOR_COLOR], saturation=1)
+        for i, row in data.iterrows():
+            if row["bitwise_identical"]:
+                text = "0: bitwise\nidentical"
+            elif row["excess_pp"] is None or pd.isna(row["excess_pp"]):
+                text = "-"
+            else:
+                text = "0 pp" if row["refeed_flips"] == row["floor_flips"] == 0 else f"{row['excess_pp']:+.1f}pp"
+            ax.text(i, max(row["refeed_rate_pct"], row["floor_rate_pct"]) + 0.02 * top, text,
+                    ha="center", va="bottom", fontsize=8, fontweight="bold")
+        ax.set_xlabel("")
+        ax.set_ylabel("estimate disagreement rate (%)")
+        ax.tick_params(axis="x", labelsize=6.5, length=0)
+        ax.set_ylim(0, top * 1.15)
+        ax.legend(loc="upper left", frameon=False, title=None)
     return fig, ax
 
 
-def fig3_logprob_ecdf(df):
-    """Figure 3: ECDF (log x) of the per-pivot max first-token logprob delta of the greedy
-    probes vs exact1, replica and refeed; the share exactly zero (bit-exact) is where each
-    curve starts at the left edge and is given in the legend. Returns (fig, ax)."""
-    df = stats.exclude_not_exact(df)[0]
-    sides = [("replica", "exact2", FLOOR_COLOR), ("refeed", "refeed", REFEED_COLOR)]
-    deltas = {name: np.sort(np.abs(stats.probe_deltas(df, p))) for name, p, _ in sides}
-    if not len(deltas["refeed"]):
-        raise ValueError("fig3_logprob_ecdf: the records carry no probe fields")
-    nonzero = np.concatenate([d[d > 0] for d in deltas.values()])
-    lo = nonzero.min() / 2 if len(nonzero) else 1e-6
-    hi = nonzero.max() * 2 if len(nonzero) else 1.0
-    with mpl.rc_context(_RC):
-        fig = Figure(figsize=(SINGLE, 2.5), layout="constrained")
-        ax = fig.subplots()
-        for name, _, color in sides:
-            d = deltas[name]
-            n = len(d)
+# ------------------------------------------------------------------ Figure 3
+
+def fig3_data(df, invariant=None) -> pd.DataFrame:
+    """Figure 3's series, one row each: the replica and refeed per-pivot max |first-token
+    logprob delta| over the probe records of ``df`` (flagged records excluded), and the same
+    for ``invariant`` (the batch-invariant run) if given: the runs pooled (``sources``), n,
+    how many and what share are exactly 0, median, p90 and max."""
+    out = []
+    for prefix, frame in (("", df), ("batch-invariant ", invariant)):
+        if frame is None:
+            continue
+        frame = stats.exclude_not_exact(frame)[0]
+        sources = "+".join(dict.fromkeys(frame["source"])) if "source" in frame.columns else ""
+        for series, pass_ in (("replica", "exact2"), ("refeed", "refeed")):
+            d = np.sort(np.abs(stats.probe_deltas(frame, pass_)))
             zero = int(np.sum(d == 0))
-            nz = d[d > 0]
-            xs = np.concatenate([[lo], nz, [hi]])
-            ys = np.concatenate([[zero / n], (zero + np.arange(1, len(nz) + 1)) / n, [1.0]])
-            ax.step(xs, ys, where="post", color=color, lw=1.2,
-                    label=f"{name}: {100 * zero / n:.1f}% exactly 0")
-            ax.plot([lo], [zero / n], marker="o", ms=4, color=color, clip_on=False)
-        ax.set_xscale("log")
+            out.append({"series": prefix + series, "pass": pass_, "sources": sources, "n": len(d),
+                        "exactly_zero": zero, "exactly_zero_share": zero / len(d) if len(d) else None,
+                        "median": float(np.median(d)) if len(d) else None,
+                        "p90": float(d[int(0.9 * len(d))]) if len(d) else None,
+                        "max": float(d[-1]) if len(d) else None})
+    return pd.DataFrame(out)
+
+
+def fig3_logprob_ecdf(df, invariant=None, xlim=FIG3_XLIM):
+    """Figure 3: ECDF (log x, % of pivots) of the per-pivot max |first-token logprob delta|
+    of the greedy probes vs exact1, replica and refeed, over the records of ``df`` (the
+    paper pools four runs without deduplication: pass them concatenated). Exact zeros are
+    drawn at the left edge and marked with a dot, their share in the legend; ``invariant``
+    (a batch-invariant run) adds a dashed line at its share exactly 0. The x range is the
+    paper's (the largest deltas may lie past its right edge, as in the paper) unless the
+    non-zero deltas reach below it or their 99th percentile beyond it. Returns (fig, ax)."""
+    data = fig3_data(df, invariant)
+    main = data[~data["series"].str.startswith("batch-invariant")]
+    if not main["n"].min():
+        raise ValueError("fig3_logprob_ecdf: the records carry no probe fields")
+    frame = stats.exclude_not_exact(df)[0]
+    deltas = {p: np.abs(stats.probe_deltas(frame, p)) for p in ("exact2", "refeed")}
+    nonzero = np.concatenate([d[d > 0] for d in deltas.values()])
+    lo, hi = xlim
+    if len(nonzero):  # widen only for data the paper's range would hide (the top 1% may pass the edge)
+        lo, hi = min(lo, nonzero.min() / 2), max(hi, float(np.quantile(nonzero, 0.99)))
+    names = {"exact2": "exact replica", "refeed": "re-feed"}
+    labels, long = {}, []
+    for _, row in main.iterrows():
+        labels[row["pass"]] = f"{names[row['pass']]} (exactly 0 at {100 * row['exactly_zero_share']:.1f}%)"
+        d = deltas[row["pass"]]
+        long.append(pd.DataFrame({"series": labels[row["pass"]], "delta": np.where(d == 0, lo, d)}))
+    long = pd.concat(long, ignore_index=True)
+    with mpl.rc_context(_RC):
+        fig = Figure(figsize=(4.8, 2.9), layout="constrained")
+        ax = fig.subplots()
+        sns.ecdfplot(long, x="delta", hue="series", stat="percent", log_scale=True, ax=ax,
+                     hue_order=[labels["exact2"], labels["refeed"]], palette=[FLOOR_COLOR, REFEED_COLOR], lw=1.5)
+        for _, row in main.iterrows():
+            ax.plot([lo], [100 * row["exactly_zero_share"]], "o", ms=4, clip_on=False,
+                    color=FLOOR_COLOR if row["pass"] == "exact2" else REFEED_COLOR)
+        inv = data[data["series"].str.startswith("batch-invariant") & (data["n"] > 0)]
+        if len(inv):
+            shares = sorted({round(100 * s, 1) for s in inv["exactly_zero_share"]})
+            for s in shares:
+                ax.axhline(s, ls="--", lw=0.8, color=INVARIANT_COLOR)
+            what = f"both at {shares[0]:g}%" if len(shares) == 1 else " and ".join(f"{s:g}%" for s in shares)
+            ax.text(lo * 3, shares[-1] - 1.5, f"batch-invariant kernels: {what} exactly 0",
+                    color=INVARIANT_COLOR, fontsize=7, va="top")
         ax.set_xlim(lo, hi)
-        ax.set_ylim(0, 1.02)
-        ax.set_xlabel("max |first-token logprob delta| vs exact1")
-        ax.set_ylabel("share of pivots (ECDF)")
-        ax.legend(loc="lower right", frameon=False)
-        ax.text(0.02, 0.98, "dots: share bit-exact (delta = 0)", transform=ax.transAxes,
-                ha="left", va="top", fontsize=7, color="0.3")
+        ax.set_ylim(0, 102)
+        ax.set_xlabel("per-pivot max |first-token logprob delta| vs exact pass 1")
+        ax.set_ylabel("cumulative % of pivots")
+        legend = ax.get_legend()
+        legend.set_title(None)
+        legend.set_frame_on(False)
+        sns.move_legend(ax, "lower right", title=None, frameon=False)
     return fig, ax
 
 
-def save_figure(fig, name: str, figures_dir) -> list[Path]:
-    """Write ``name.pdf`` and ``name.png`` (200 dpi) under ``figures_dir``; returns paths."""
+# ------------------------------------------------------------------ saving and comparing
+
+def save_figure(fig, name: str, figures_dir, data: pd.DataFrame | None = None) -> list[Path]:
+    """Write ``name.pdf``, ``name.png`` (200 dpi) and, with ``data``, ``name.csv`` (the data
+    the figure plots) under ``figures_dir``; returns the paths."""
     figures_dir = Path(figures_dir)
     figures_dir.mkdir(parents=True, exist_ok=True)
     paths = [figures_dir / f"{name}.pdf", figures_dir / f"{name}.png"]
     fig.savefig(paths[0])
     fig.savefig(paths[1], dpi=200)
+    if data is not None:
+        paths.append(figures_dir / f"{name}.csv")
+        atomic_save(paths[2], lambda tmp: data.to_csv(tmp, index=False))
     return paths
+
+
+def paper_figure(name: str, dpi: int = 150):
+    """The paper's own figure ``name`` (``fig1_quadrants``, ``fig2_configs`` or
+    ``fig3_logprob_ecdf``), rendered from its vendored PDF with pypdfium2, as a PIL image."""
+    import pypdfium2 as pdfium
+
+    if name not in PAPER_FILES:
+        raise ValueError(f"no paper figure {name!r} (one of: {', '.join(PAPER_FILES)})")
+    pdf = pdfium.PdfDocument(str(PAPER_FIGURES / PAPER_FILES[name]))
+    try:
+        return pdf[0].render(scale=dpi / 72).to_pil()
+    finally:
+        pdf.close()
+
+
+def side_by_side(ours_png, paper_image, width: float = 14.0):
+    """A regenerated figure (PNG path) beside the paper's (``paper_figure``), for looking
+    at both at once. Returns (fig, axes)."""
+    from PIL import Image as PILImage
+
+    images = [np.asarray(PILImage.open(ours_png).convert("RGB")), np.asarray(paper_image.convert("RGB"))]
+    height = width / 2 * max(im.shape[0] / im.shape[1] for im in images)
+    fig = Figure(figsize=(width, height + 0.4), layout="constrained")
+    axes = fig.subplots(1, 2)
+    for ax, im, title in zip(axes, images, ("regenerated by this package", "the paper")):
+        ax.imshow(im)
+        ax.set_title(title, fontsize=10)
+        ax.axis("off")
+    return fig, axes
+
+
+def to_png(fig, dpi: int = 110) -> bytes:
+    """A figure as PNG bytes, for ``IPython.display.Image`` (a bare ``Figure`` made without
+    pyplot does not render in a notebook)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
+
+
+# ------------------------------------------------------------------ other figures
+
+def _margin_bins(values) -> np.ndarray:
+    return np.linspace(0, max(8.0, float(np.nanmax(values)) if values.size else 8.0), 60)
+
+
+def margin_histogram_data(margins, threshold: float) -> pd.DataFrame:
+    """Supplementary figure's bars: token counts per margin bin, and whether the bin lies
+    below the pivot threshold."""
+    values = np.asarray(margins, dtype=float)
+    counts, edges = np.histogram(values, bins=_margin_bins(values))
+    return pd.DataFrame({"bin_left": edges[:-1], "bin_right": edges[1:], "tokens": counts,
+                         "below_threshold": edges[1:] <= threshold})
 
 
 def margin_histogram(margins, threshold: float):
@@ -187,8 +333,7 @@ def margin_histogram(margins, threshold: float):
         fig = Figure(figsize=(SINGLE, 2.2), layout="constrained")
         ax = fig.add_subplot()
         values = np.asarray(margins, dtype=float)
-        ax.hist(values, bins=np.linspace(0, max(8.0, float(np.nanmax(values)) if values.size else 8.0), 60),
-                color=FLOOR_COLOR)
+        sns.histplot(x=values, bins=_margin_bins(values), color=FLOOR_COLOR, ax=ax, alpha=1, linewidth=0)
         ax.axvline(threshold, color=REFEED_COLOR, lw=1)
         share = float(np.mean(values < threshold)) if values.size else 0.0
         ax.set_title(f"{share:.1%} of {values.size} tokens below the pivot threshold {threshold:g}")
@@ -204,10 +349,11 @@ def fig4_passes(comparisons):
     with mpl.rc_context(_RC):
         fig = Figure(figsize=(SINGLE, 2.4), layout="constrained")
         ax = fig.add_subplot()
-        rates = [100 * (r or 0.0) for r in comparisons["rate"]]
-        colors = [FLOOR_COLOR if c.startswith(("exact2", "refeed2")) else REFEED_COLOR for c in comparisons["comparison"]]
-        ax.bar(range(len(rates)), rates, color=colors)
-        ax.set_xticks(range(len(rates)), [textwrap.fill(c, 10) for c in comparisons["comparison"]])
+        data = comparisons.assign(rate_pct=[100 * (r or 0.0) for r in comparisons["rate"]],
+                                  label=[textwrap.fill(c, 10) for c in comparisons["comparison"]])
+        colors = [FLOOR_COLOR if c.startswith(("exact2", "refeed2")) else REFEED_COLOR for c in data["comparison"]]
+        sns.barplot(data, x="label", y="rate_pct", hue="label", palette=colors, legend=False, ax=ax, saturation=1)
+        ax.set_xlabel("")
         ax.set_ylabel("sign disagreement (%)")
         n = int(comparisons["n"].iloc[0]) if len(comparisons) else 0
         ax.set_title(f"common set n = {n}")

@@ -4,7 +4,7 @@ threshold, for a target excess and floor, by simulation from the published recor
 Each simulated campaign draws problems (with replacement) from the published main pooled
 row, keeps each problem's own rates (problems differ a lot), shifts them so that the mean
 floor and excess hit the targets, draws Bernoulli flips for `pivots` common pivots per
-problem, and computes the paper's clustered t (PROTOCOL.md section 4). Power is the share
+problem, and computes the paper's clustered t (docs/protocol.md section 4). Power is the share
 of campaigns whose t exceeds the threshold.
 
     python -m replaylib.power --excess 10 --floor 15 --problems 10 20 40 --pivots 10 20 40

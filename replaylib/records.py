@@ -1,4 +1,4 @@
-"""Per-pivot records: loading, validation and pooling (PROTOCOL.md section 6).
+"""Per-pivot records: loading, validation and pooling (docs/protocol.md section 6).
 
 A record is one pivot with its three estimates (A_exact1, A_exact2, A_refeed) and,
 where the run recorded them, cache instrumentation and greedy-probe fields. Two file
@@ -44,47 +44,23 @@ _NUM_FIELDS = ("margin", "greedy_first_logprob_delta_exact2", "greedy_first_logp
 _A_FIELDS = ("A_exact1", "A_exact2", "A_refeed")
 _BOOL_FIELDS = ("cache_ok_exact1", "cache_ok_exact2", "greedy_divergence_exact2", "greedy_divergence_refeed")
 _PROBE_FIRST = ("greedy_first_exact1", "greedy_first_exact2", "greedy_first_refeed")
-_SCHEMA_HINT = "records need the published schema, PROTOCOL.md section 6"
+_SCHEMA_HINT = "records need the published schema, docs/protocol.md section 6"
 # settings that make records of different protocols: files that record different values are never pooled
 PROTOCOL_SETTINGS = ("model", "k", "cont_temp", "max_cont_tokens", "temperature", "engine", "batch_invariant")
 
-# Table 1 rows of the paper (PROTOCOL.md section 4; files: data/paper-records/README.md).
+# Table 1 rows of the paper (docs/protocol.md section 5.1; files: data/paper-records/README.md).
+# Model, K, continuation temperature and problems come from each file's ``config`` block
+# (``stats.row_meta``); the literals here are only what the published files lack: which
+# run used batch-invariant kernels, and the scan start of the first-campaign (2026-06-10)
+# screened runs, whose configs have no ``scan_start`` (the paper prints them as "20 screened").
 PAPER_ROWS = {
-    "main pooled": {
-        "files": ["2026-06-11/primary.json", "2026-06-11/screened.json"],
-        "model": "Qwen/Qwen2.5-7B-Instruct", "k": 4, "cont_temp": 0.7,
-        "problems": "primary 20 + screened 20", "batch_invariant": False,
-    },
-    "K=8": {
-        "files": ["2026-06-11/k8.json"],
-        "model": "Qwen/Qwen2.5-7B-Instruct", "k": 8, "cont_temp": 0.7,
-        "problems": "20 screened", "batch_invariant": False,
-    },
-    "K=16": {
-        "files": ["2026-06-11/k16.json"],
-        "model": "Qwen/Qwen2.5-7B-Instruct", "k": 16, "cont_temp": 0.7,
-        "problems": "10 screened", "batch_invariant": False,
-    },
-    "greedy continuations": {
-        "files": ["2026-06-10/temp0.json"],
-        "model": "Qwen/Qwen2.5-7B-Instruct", "k": 1, "cont_temp": 0.0,
-        "problems": "20 screened", "batch_invariant": False,
-    },
-    "GRPO checkpoint": {
-        "files": ["2026-06-10/grpo.json"],
-        "model": "hkust-nlp/Qwen-2.5-7B-SimpleRL-Zoo", "k": 4, "cont_temp": 0.7,
-        "problems": "20 screened", "batch_invariant": False,
-    },
-    "Phi-4-mini": {
-        "files": ["2026-06-11/phi.json"],
-        "model": "microsoft/Phi-4-mini-instruct", "k": 4, "cont_temp": 0.7,
-        "problems": "20 screened from 0", "batch_invariant": False,
-    },
-    "batch-invariant": {
-        "files": ["2026-06-11/batchinv.json"],
-        "model": "Qwen/Qwen2.5-7B-Instruct", "k": 4, "cont_temp": 0.7,
-        "problems": "primary 0-9", "batch_invariant": True,
-    },
+    "main pooled": {"files": ["2026-06-11/primary.json", "2026-06-11/screened.json"], "batch_invariant": False},
+    "K=8": {"files": ["2026-06-11/k8.json"], "batch_invariant": False},
+    "K=16": {"files": ["2026-06-11/k16.json"], "batch_invariant": False},
+    "greedy continuations": {"files": ["2026-06-10/temp0.json"], "batch_invariant": False, "scan_start": 20},
+    "GRPO checkpoint": {"files": ["2026-06-10/grpo.json"], "batch_invariant": False, "scan_start": 20},
+    "Phi-4-mini": {"files": ["2026-06-11/phi.json"], "batch_invariant": False},
+    "batch-invariant": {"files": ["2026-06-11/batchinv.json"], "batch_invariant": True},
 }
 
 
@@ -189,7 +165,7 @@ def _read_rows(path: Path):
 
 
 def load_records(path) -> pd.DataFrame:
-    """Load one records file into a DataFrame (PROTOCOL.md section 6).
+    """Load one records file into a DataFrame (docs/protocol.md section 6).
 
     Columns: ``COLUMNS`` (optional ones all-missing when the file lacks them), any extra
     columns of the file, and ``source`` (the file stem). The published ``config`` (for
@@ -316,3 +292,20 @@ def load_paper_row(label: str, root) -> pd.DataFrame:
         raise ValueError(f"unknown Table 1 row {label!r} (one of: {', '.join(PAPER_ROWS)})")
     root = Path(root)
     return pool(load_records(root / f) for f in PAPER_ROWS[label]["files"])
+
+
+BLOCKS = ("config", "aggregate", "per_problem", "elapsed_seconds")
+
+
+def load_blocks(path) -> dict:
+    """The run-level blocks of one published records file (docs/protocol.md section 6):
+    ``config``, ``aggregate`` (the harness's pre-registered metrics), ``per_problem`` and
+    ``elapsed_seconds``; None where the file has no such block."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read the run blocks ({type(e).__name__})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a published records file ({_SCHEMA_HINT})")
+    return {key: data.get(key) for key in BLOCKS}

@@ -1,4 +1,4 @@
-"""Stage 3: three-pass replay (PROTOCOL.md section 3.3).
+"""Stage 3: three-pass replay (docs/protocol.md section 3.3).
 
 For every pivot and both arms (actual, alt) the prompt is the token ids
 `prompt + generated[:i] + [forced]`; K seeded continuations (seed = hash(problem, rollout,
@@ -9,7 +9,7 @@ abs_pos, arm, k)) and one greedy probe per arm, in each pass:
 and optionally [ours] refeed2 (refeed's own replica), serial (refeed one request at a
 time) and block16 (the paper's block-granular resume), in a fixed or shuffled order.
 A = mean(R | actual) - mean(R | alt) per pass. Records follow the published schema
-(PROTOCOL.md section 6) plus exactness columns. Each problem is written as its own shard
+(docs/protocol.md section 6) plus exactness columns. Each problem is written as its own shard
 (atomically), so a rerun after a crash redoes only unfinished problems.
 """
 from __future__ import annotations

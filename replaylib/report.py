@@ -1,4 +1,4 @@
-"""Command line report of per-pivot records (PROTOCOL.md section 4).
+"""Command line report of per-pivot records (docs/protocol.md section 4).
 
     python -m replaylib.report --records FILE [FILE ...] --json OUT.json
     python -m replaylib.report --verify runs/<config>
@@ -32,7 +32,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m replaylib.report",
-                description="Statistics of per-pivot replay records (PROTOCOL.md section 4).")
+                description="Statistics of per-pivot replay records (docs/protocol.md section 4).")
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--records", nargs="+", metavar="FILE",
                       help="records files (.json published schema, .parquet, .jsonl), pooled")

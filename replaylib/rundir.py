@@ -91,7 +91,8 @@ def git_state() -> dict:
 
 def versions() -> dict:
     out = {"python": sys.version.split()[0]}
-    for pkg in ["replaylib", "torch", "transformers", "vllm", "numpy", "pandas", "safetensors"]:
+    for pkg in ["replaylib", "torch", "transformers", "vllm", "numpy", "pandas", "safetensors", "matplotlib", "seaborn",
+                "pypdfium2"]:
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:

@@ -1,4 +1,4 @@
-"""Stage 1: sampling trunks (PROTOCOL.md section 3.1).
+"""Stage 1: sampling trunks (docs/protocol.md section 3.1).
 
 Per problem, N rollouts with per-rollout seeds hashed from (problem, "trunk", rollout),
 raw top-k logprobs of every generated token, grading, and an optional difficulty screen

@@ -1,4 +1,8 @@
-"""Statistics of the three-pass replay measurement (PROTOCOL.md section 4), and tables.
+"""Statistics of the three-pass replay measurement (docs/protocol.md section 4; "sec." in
+the docstrings below means a section of docs/protocol.md).
+
+Pure functions of record frames: no plotting and no file writing (tables:
+``replaylib.tables``; figures: ``replaylib.plotting``; the stage: ``replaylib.statistics_stage``).
 
 Every function takes a frame of per-pivot records (``replaylib.records``) holding *all*
 records of a run, and selects the set it is defined on itself:
@@ -11,7 +15,7 @@ records of a run, and selects the set it is defined on itself:
 
 Passes are named by their column suffix: ``"exact2"`` (the replica, i.e. the noise
 floor) and ``"refeed"``; both are compared against ``"exact1"``. sign(0) = 0.
-Numerical conventions (section 4): sample standard deviations (n-1); a t with zero
+Numerical conventions (sec. 4.6): sample standard deviations (n-1); a t with zero
 spread is 0; McNemar z is 0 when b + c = 0; normal 95% CIs (mean +- 1.96 sd/sqrt(n));
 Jaccard is None when both sets are empty. Where a statistic needs more records than
 there are (a t from fewer than 2 values, a rate over 0 records) it is None.
@@ -21,7 +25,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -60,13 +63,13 @@ def exclude_not_exact(df: pd.DataFrame) -> tuple[pd.DataFrame, int | None]:
 
 
 def common_set(df: pd.DataFrame) -> pd.DataFrame:
-    """Pivots where any pass has A != 0: the pre-registered common denominator (sec. 4)."""
+    """Pivots where any pass has A != 0: the paper's reporting denominator (sec. 4.1)."""
     nz = (df["A_exact1"] != 0) | (df["A_exact2"] != 0) | (df["A_refeed"] != 0)
     return df.loc[nz]
 
 
 def exact1_set(df: pd.DataFrame) -> pd.DataFrame:
-    """Pivots with A_exact1 != 0: the treatment-independent (exact1-conditioned) set."""
+    """Pivots with A_exact1 != 0: the treatment-independent (exact1-conditioned) set (sec. 4.1)."""
     return df.loc[df["A_exact1"] != 0]
 
 
@@ -78,10 +81,73 @@ def _ratio(num, den):
     return num / den if den else None
 
 
+def infer_k(df: pd.DataFrame) -> int:
+    """K of a run: the ``k`` of its config when the records carry one, else the smallest
+    K <= 64 that puts every A on the grid of steps 1/K."""
+    ks = {c.get("k") for c in df.attrs.get("configs", {}).values() if c and c.get("k")}
+    if len(ks) == 1:
+        return int(ks.pop())
+    a = np.concatenate([df[f"A_{p}"].to_numpy(float) for p in ("exact1", "exact2", "refeed")])
+    for k in range(1, 65):
+        if np.all(np.abs(a * k - np.round(a * k)) < 1e-6):
+            return k
+    raise ValueError("cannot infer K from the A values; pass k= explicitly")
+
+
+SCREEN_START = 20  # the paper calls problems scanned from index 20 "screened" and names other starts
+
+
+def _problems_cell(configs: list, fallback: dict) -> str:
+    """Problems column of Table 1 from the configs' problem counts and screen settings:
+    one cohort "20 screened" / "20 screened from 0" / "primary 0-9", pooled cohorts
+    "primary 20 + screened 20"; the count alone where a config says nothing of screening."""
+    parts = []
+    for c in configs:
+        n, screened = int(c["problems"]), c.get("screen_mixed")
+        start = c.get("scan_start", fallback.get("scan_start"))
+        if screened is None:
+            parts.append(str(n))
+        elif len(configs) > 1:
+            parts.append(f"{'screened' if screened else 'primary'} {n}")
+        elif screened:
+            parts.append(f"{n} screened" + ("" if start in (None, SCREEN_START) else f" from {start}"))
+        else:
+            parts.append(f"primary {start or 0}-{(start or 0) + n - 1}")
+    return " + ".join(parts)
+
+
+def row_meta(label: str, df: pd.DataFrame | None = None) -> dict:
+    """Model, K, continuation temperature, problems and batch-invariance of one row.
+
+    Read from the ``config`` blocks the records carry (``df.attrs["configs"]``: one per
+    published file, or the run's parameters); the continuation temperature is the
+    config's ``cont_temp``, or its trunk ``temperature`` where ``cont_temp`` is null (the
+    harness's convention). A field no config holds comes from ``PAPER_ROWS[label]``
+    (only fields the published files lack), else "-".
+    """
+    configs = [c for c in (df.attrs.get("configs", {}) if df is not None else {}).values() if c]
+    paper = PAPER_ROWS.get(label, {})
+
+    def field(get, default="-"):
+        values = list(dict.fromkeys(v for v in map(get, configs) if v is not None))
+        return " + ".join(map(str, values)) if len(values) > 1 else (values[0] if values else default)
+
+    temp = field(lambda c: c["temperature"] if c.get("cont_temp") is None and "cont_temp" in c
+                 and "temperature" in c else c.get("cont_temp"))
+    has_counts = configs and all(isinstance(c.get("problems"), int) for c in configs)
+    return {
+        "model": field(lambda c: c.get("model"), paper.get("model", "-")),
+        "k": field(lambda c: c.get("k"), paper.get("k", "-")),
+        "cont_temp": temp if temp != "-" else paper.get("cont_temp", "-"),
+        "problems": _problems_cell(configs, paper) if has_counts else paper.get("problems", "-"),
+        "batch_invariant": bool(field(lambda c: c.get("batch_invariant"), paper.get("batch_invariant", False))),
+    }
+
+
 # --------------------------------------------------------------------------- rates
 
 def disagreement(df: pd.DataFrame, other: str) -> dict:
-    """Sign disagreement of pass ``other`` with exact1 over the records given (sec. 4).
+    """Sign disagreement of pass ``other`` with exact1 over the records given (sec. 4.2).
 
     flips = #{sign(A_exact1) != sign(A_other)}, split into zero-crossings (one side 0)
     and polarity reversals (both non-zero, opposite signs). Rates are flips / n (exact
@@ -121,7 +187,7 @@ def excess_pp(r: dict) -> float | None:
 
 
 def eligibility(df: pd.DataFrame) -> dict:
-    """Where common pivots come from (sec. 4): A_exact1 != 0, or non-zero only under refeed
+    """Where common pivots come from (sec. 4.2): A_exact1 != 0, or non-zero only under refeed
     (A_refeed != 0, A_exact1 = A_exact2 = 0), or only under the replica (A_exact2 != 0,
     A_exact1 = A_refeed = 0). Pivots non-zero under both refeed and replica but not exact1
     are the remainder of the common set."""
@@ -152,7 +218,7 @@ def _t_stat(values) -> tuple[float | None, float | None, bool]:
 
 def bias(df: pd.DataFrame) -> dict:
     """Bias of re-feeding: mean of (A_refeed - A_exact1) over the common set, its t
-    (sample sd, zero spread -> 0) and normal 95% CI mean +- 1.96 sd/sqrt(n) (sec. 4)."""
+    (sample sd, zero spread -> 0) and normal 95% CI mean +- 1.96 sd/sqrt(n) (sec. 4.3)."""
     c = common_set(df)
     d = (c["A_refeed"] - c["A_exact1"]).to_numpy(dtype=float)
     mean, t, _ = _t_stat(d)
@@ -165,7 +231,7 @@ def bias(df: pd.DataFrame) -> dict:
 
 def mcnemar(df: pd.DataFrame) -> dict:
     """McNemar z = (b - c)/sqrt(b + c) on the common set; b = only refeed disagrees with
-    exact1, c = only the replica does; z = 0 when b + c = 0 (sec. 4)."""
+    exact1, c = only the replica does; z = 0 when b + c = 0 (sec. 4.3)."""
     c_ = common_set(df)
     fr, ff = _disagrees(c_, "refeed"), _disagrees(c_, "exact2")
     b, c = int(np.sum(fr & ~ff)), int(np.sum(ff & ~fr))
@@ -200,7 +266,7 @@ def _clustered(df: pd.DataFrame) -> tuple[dict, bool]:
 
 
 def clustered(df: pd.DataFrame) -> dict:
-    """Problem-clustered test of the excess (sec. 4).
+    """Problem-clustered test of the excess (sec. 4.3).
 
     Per problem with at least one common pivot (problems without any are left out):
     d = (refeed flips - floor flips) / that problem's common n; one-sample t of d over
@@ -224,7 +290,7 @@ def jaccard_sets(a: set, b: set) -> float | None:
 
 
 def jaccard(df: pd.DataFrame, threshold: float) -> dict:
-    """Critical-token agreement on all records (sec. 4): Jaccard of the refeed set vs the
+    """Critical-token agreement on all records (sec. 4.4): Jaccard of the refeed set vs the
     exact1 set, against the replica (exact2) vs exact1 Jaccard (the ceiling)."""
     s1 = critical_set(df, "exact1", threshold)
     return {
@@ -234,9 +300,43 @@ def jaccard(df: pd.DataFrame, threshold: float) -> dict:
     }
 
 
+def selection_gap(df: pd.DataFrame, threshold: float) -> dict:
+    """How much of the critical-token selection gap re-feeding adds (sec. 4.4).
+
+    Refeed's gap from perfect agreement with exact1 is 1 - J_refeed; the replica's own gap
+    1 - J_replica is measurement noise, so re-feeding adds (J_replica - J_refeed) of it:
+    ``share_added_by_refeed`` = (J_replica - J_refeed) / (1 - J_refeed). None where a
+    Jaccard is undefined or J_refeed = 1 (no gap)."""
+    j = jaccard(df, threshold)
+    jr, jf = j["refeed"], j["replica"]
+    share = None if jr is None or jf is None or jr == 1 else (jf - jr) / (1 - jr)
+    return {"threshold": threshold, "refeed": jr, "replica": jf,
+            "refeed_gap": None if jr is None else 1 - jr, "share_added_by_refeed": share}
+
+
+def selection_near_threshold(df: pd.DataFrame, threshold: float, k: int) -> dict:
+    """Where critical-token selections disagree (sec. 4.4): for refeed and the
+    replica against exact1, the pivots selected (|A| >= threshold) under one pass and not
+    the other (``disagreements``); ``within_1_over_k``: those where one of the two |A|
+    lies within 1/K of the threshold (one step of the estimator away from flipping the
+    selection); ``unselected_one_step_below``: those where the unselected |A| is at least
+    threshold - 1/K."""
+    a1 = df["A_exact1"].abs().to_numpy(float)
+    out = {"threshold": threshold, "k": k}
+    for name, pass_ in (("refeed", "refeed"), ("replica", "exact2")):
+        ao = df[f"A_{pass_}"].abs().to_numpy(float)
+        s1, so = a1 >= threshold - _EPS, ao >= threshold - _EPS
+        dis = s1 != so
+        near = (np.abs(a1 - threshold) <= 1 / k + _EPS) | (np.abs(ao - threshold) <= 1 / k + _EPS)
+        unselected = np.where(s1, ao, a1)
+        out[name] = {"disagreements": int(dis.sum()), "within_1_over_k": int((dis & near).sum()),
+                     "unselected_one_step_below": int((dis & (unselected >= threshold - 1 / k - _EPS)).sum())}
+    return out
+
+
 def margin_buckets(df: pd.DataFrame, split: float = MARGIN_SPLIT) -> dict:
     """Refeed and floor disagreement rates on the common set, split at the pivot's top-1 vs
-    top-2 logprob gap: margin < split ("lt") and margin >= split ("ge") (sec. 4)."""
+    top-2 logprob gap: margin < split ("lt") and margin >= split ("ge") (sec. 4.3)."""
     c = common_set(df)
     out = {"split": split}
     for key, mask in (("lt", c["margin"] < split), ("ge", c["margin"] >= split)):
@@ -282,7 +382,7 @@ def _probe_side(sub: pd.DataFrame, pass_: str) -> dict:
 
 
 def probes(df: pd.DataFrame) -> dict | None:
-    """Greedy-probe channel (sec. 4) on records carrying probe fields; None if none do.
+    """Greedy-probe channel (sec. 4.5) on records carrying probe fields; None if none do.
 
     divergence_rate: share of pivots where either arm's greedy probe tokens differ from
     exact1's; bit_exact_rate: share of per-pivot max |first-token logprob delta| == 0;
@@ -296,8 +396,9 @@ def probes(df: pd.DataFrame) -> dict | None:
 
 
 def cache(df: pd.DataFrame) -> dict | None:
-    """Cache instrumentation (sec. 3, 4): share of records whose exact1 / exact2 resume was
-    verified (num_cached_tokens at least the block-aligned prefix); None without the fields."""
+    """Cache instrumentation (sec. 3.3, 4.5): share of records whose exact1 /
+    exact2 resume was verified (num_cached_tokens at least the block-aligned prefix); None
+    without the fields. Give it all records, before any exclusion (``summarize`` does)."""
     sub = df.loc[_present(df, CACHE_FIELDS)]
     if len(sub) == 0:
         return None
@@ -308,19 +409,67 @@ def cache(df: pd.DataFrame) -> dict | None:
     }
 
 
+def _own_set(df: pd.DataFrame, other: str) -> dict:
+    """exact1 vs ``other`` over the pivots where at least one of those two A is non-zero."""
+    el = df.loc[(df["A_exact1"] != 0) | (df[f"A_{other}"] != 0)]
+    flips = int(np.sum(_disagrees(el, other)))
+    return {"eligible": len(el), "flips": flips, "rate": _ratio(flips, len(el))}
+
+
+def preregistered(df: pd.DataFrame, split: float = MARGIN_SPLIT) -> dict:
+    """The pre-registered metrics as registered (sec. 5.3), in the layout of the
+    harness's ``aggregate`` block: primary = sign disagreement of exact1 vs refeed over the
+    pivots where either of the two is non-zero, the floor (exact1 vs exact2) over its own
+    such set, both again by margin bucket; secondary: mean |A_exact1 - A_refeed| over all
+    pivots and the greedy-probe divergence rates (records carrying them)."""
+    out = {"n_pivots": len(df), "primary_exact_vs_refeed": _own_set(df, "refeed"),
+           "floor_exact_vs_exact": _own_set(df, "exact2")}
+    for key, mask in ((f"margin_lt_{split:g}", df["margin"] < split), (f"margin_ge_{split:g}", df["margin"] >= split)):
+        sub = df.loc[mask]
+        out[key] = {"exact_vs_refeed": _own_set(sub, "refeed"), "floor": _own_set(sub, "exact2")}
+    delta = (df["A_exact1"] - df["A_refeed"]).abs()
+    out["mean_abs_A_delta_exact_vs_refeed"] = float(delta.mean()) if len(df) else None
+    div = df.loc[_present(df, ("greedy_divergence_exact2", "greedy_divergence_refeed"))]
+    if len(div):
+        out["greedy_probe"] = {"n": len(div),
+                               "refeed_divergence_rate": float(div["greedy_divergence_refeed"].astype(bool).mean()),
+                               "exact2_divergence_rate": float(div["greedy_divergence_exact2"].astype(bool).mean())}
+    return out
+
+
+def passes_identical(df: pd.DataFrame) -> bool:
+    """Whether all three passes agree on every channel (sec. 3.5): equal A on
+    every record and, on records carrying probe fields, no greedy-probe divergence and
+    every first-token logprob delta exactly 0. False for an empty frame."""
+    if len(df) == 0:
+        return False
+    same = bool(((df["A_exact1"] == df["A_exact2"]) & (df["A_exact1"] == df["A_refeed"])).all())
+    sub = df.loc[_present(df, PROBE_FIELDS)]
+    for p in ("exact2", "refeed"):
+        same &= not sub[f"greedy_divergence_{p}"].astype(bool).any()
+        same &= bool((sub[f"greedy_first_logprob_delta_{p}"].astype(float) == 0).all())
+    return same
+
+
 # --------------------------------------------------------------------------- summary
 
 def summarize(df: pd.DataFrame, exclude_flagged: bool = True) -> dict:
     """All section-4 quantities of one record set, as a JSON-ready dict (floats unrounded).
 
     With ``exclude_flagged`` and an ``exact_ok`` column, records with exact_ok == False
-    are left out and their number reported as ``excluded_not_exact``.
+    are left out of every statistic except the cache instrumentation, which is computed
+    over all records before the exclusion; the number left out is reported as
+    ``excluded_not_exact``, at the top level and inside ``cache``.
     """
     excluded = None
+    all_records = df
     if exclude_flagged:
         df, excluded = exclude_not_exact(df)
     common = rates(df, "common")
     cond = rates(df, "exact1")
+    cache_ = cache(all_records)
+    if cache_ is not None and excluded is not None:
+        cache_["excluded_not_exact"] = excluded
     out = {
         "n_records": len(df),
         "n_problems": int(df["problem_id"].nunique()),
@@ -335,11 +484,30 @@ def summarize(df: pd.DataFrame, exclude_flagged: bool = True) -> dict:
         "jaccard": {str(t): jaccard(df, t) for t in JACCARD_THRESHOLDS},
         "margin": margin_buckets(df),
         "probes": probes(df),
-        "cache": cache(df),
+        "cache": cache_,
     }
     if excluded is not None:
         out["excluded_not_exact"] = excluded
     return out
+
+
+def text_numbers(df: pd.DataFrame, exclude_flagged: bool = True) -> dict:
+    """The in-text numbers beyond ``summarize`` (the statistics stage adds them to each
+    row of summary.json): per threshold the share of the selection gap re-feeding adds
+    and where selection disagreements lie (``near_threshold``, None where K cannot be
+    inferred), and the pre-registered metrics as registered."""
+    if exclude_flagged:
+        df = exclude_not_exact(df)[0]
+    try:
+        k = infer_k(df)
+    except ValueError:  # A values off every 1/K grid: no near-threshold check
+        k = None
+    return {
+        "selection": {str(t): {**selection_gap(df, t),
+                               "near_threshold": None if k is None else selection_near_threshold(df, t, k)}
+                      for t in JACCARD_THRESHOLDS},
+        "preregistered": preregistered(df),
+    }
 
 
 # --------------------------------------------------------------------------- extras [ours]
@@ -443,232 +611,6 @@ def extras(df: pd.DataFrame, seed: int = 0, n_boot: int = 2000, exclude_flagged:
     }
 
 
-# --------------------------------------------------------------------------- tables
-
-def _pct(x, digits=1):
-    return "-" if x is None else f"{100 * x:.{digits}f}%"
-
-
-def _num(x, fmt):
-    return "-" if x is None else format(x, fmt)
-
-
-def _excess_cell(r: dict) -> str:
-    """Excess in pp as printed in Table 1: signed, one decimal; "0" when nothing flips."""
-    if r["n"] and r["refeed"]["flips"] == r["floor"]["flips"] == 0:
-        return "0"
-    return _num(excess_pp(r), "+.1f")
-
-
-def row_meta(label: str, df: pd.DataFrame | None = None) -> dict:
-    """Model, K, continuation temperature and problems of a row: the paper's metadata for
-    a Table 1 label, else read from the published ``config`` kept in ``df.attrs``."""
-    if label in PAPER_ROWS:
-        return PAPER_ROWS[label]
-    meta = {"model": "-", "k": "-", "cont_temp": "-", "problems": "-", "batch_invariant": False}
-    configs = [c for c in (df.attrs.get("configs", {}) if df is not None else {}).values() if c]
-    if configs:
-        c = configs[0]
-        temp = c.get("cont_temp")
-        meta.update(model=c.get("model", "-"), k=c.get("k", "-"),
-                    cont_temp=c.get("temperature", "-") if temp is None else temp,
-                    problems=str(sum(x.get("problems", 0) for x in configs)),
-                    batch_invariant=bool(c.get("batch_invariant", False)))
-    return meta
-
-
-def _excluded(df):
-    return exclude_not_exact(df)[0]
-
-
-def table1(rows: dict) -> pd.DataFrame:
-    """Table 1 (sec. 4): one line per configuration, the paper's columns and rounding;
-    "-" where a statistic is undefined (t with zero spread, z with b + c = 0)."""
-    out = []
-    for label, df in rows.items():
-        meta = row_meta(label, df)
-        df = _excluded(df)
-        r = rates(df, "common")
-        cl, spread = _clustered(df)
-        mc = mcnemar(df)
-
-        def rate_cell(side):
-            if r["n"] == 0:
-                return "-"
-            if side["flips"] == 0:
-                return _pct(side["rate"])
-            return f"{_pct(side['rate'])} ({100 * side['polarity_rate']:.1f})"
-
-        temp = meta["cont_temp"]
-        out.append({
-            "configuration": label,
-            "model": meta["model"],
-            "K": meta["k"],
-            "cont. temp": f"{temp:g}" if isinstance(temp, (int, float)) else temp,
-            "problems": meta["problems"],
-            "n (common)": r["n"],
-            "refeed (polarity)": rate_cell(r["refeed"]),
-            "floor (polarity)": rate_cell(r["floor"]),
-            "excess pp": _excess_cell(r),
-            "t_clust": _num(cl["t"], ".2f") if spread else "-",
-            "z": _num(mc["z"], ".2f") if mc["b"] + mc["c"] else "-",
-        })
-    return pd.DataFrame(out)
-
-
-def table_jaccard(rows: dict) -> pd.DataFrame:
-    """Critical-token Jaccard per configuration at |A| >= 0.5 and 0.75, with the replica
-    ceiling (sec. 4, in-text numbers)."""
-    out = []
-    for label, df in rows.items():
-        df = _excluded(df)
-        line = {"configuration": label}
-        for t in JACCARD_THRESHOLDS:
-            j = jaccard(df, t)
-            line[f"selected exact1 (|A|>={t})"] = j["n_exact1"]
-            line[f"refeed J ({t})"] = _num(j["refeed"], ".3f")
-            line[f"replica ceiling ({t})"] = _num(j["replica"], ".3f")
-        out.append(line)
-    return pd.DataFrame(out)
-
-
-def table_exact1_excess(rows: dict) -> pd.DataFrame:
-    """Treatment-independent excess: rates over the exact1-conditioned set (A_exact1 != 0)."""
-    out = []
-    for label, df in rows.items():
-        r = rates(_excluded(df), "exact1")
-        out.append({
-            "configuration": label,
-            "n (A_exact1 != 0)": r["n"],
-            "refeed": _pct(r["refeed"]["rate"]),
-            "floor": _pct(r["floor"]["rate"]),
-            "excess pp": _excess_cell(r),
-        })
-    return pd.DataFrame(out)
-
-
-def table_bias(rows: dict) -> pd.DataFrame:
-    """Bias of A_refeed - A_exact1 on the common set: mean, t, normal 95% CI."""
-    out = []
-    for label, df in rows.items():
-        b = bias(_excluded(df))
-        ci = b["ci95"]
-        out.append({
-            "configuration": label,
-            "n (common)": b["n"],
-            "mean": _num(b["mean"], "+.4f"),
-            "t": _num(b["t"], ".3f"),
-            "95% CI": "-" if ci is None else f"[{ci[0]:+.4f}, {ci[1]:+.4f}]",
-        })
-    return pd.DataFrame(out)
-
-
-def table_margin(rows: dict) -> pd.DataFrame:
-    """Disagreement rates by pivot margin (< 0.3 vs >= 0.3) on the common set."""
-    out = []
-    for label, df in rows.items():
-        m = margin_buckets(_excluded(df))
-        s = m["split"]
-        out.append({
-            "configuration": label,
-            f"n (<{s})": m["lt"]["n"],
-            f"refeed (<{s})": _pct(m["lt"]["refeed_rate"]),
-            f"floor (<{s})": _pct(m["lt"]["floor_rate"]),
-            f"n (>={s})": m["ge"]["n"],
-            f"refeed (>={s})": _pct(m["ge"]["refeed_rate"]),
-            f"floor (>={s})": _pct(m["ge"]["floor_rate"]),
-        })
-    return pd.DataFrame(out)
-
-
-def table_probes(rows: dict) -> pd.DataFrame:
-    """Greedy-probe channel: divergence, bit-exact first-token logprobs, non-zero median, p90."""
-    out = []
-    for label, df in rows.items():
-        p = probes(_excluded(df))
-        line = {"configuration": label, "n (probes)": 0 if p is None else p["n"]}
-        for side in ("replica", "refeed"):
-            q = None if p is None else p[side]
-            line[f"{side} divergence"] = "-" if q is None else _pct(q["divergence_rate"])
-            line[f"{side} bit-exact"] = "-" if q is None else _pct(q["bit_exact_rate"])
-            line[f"{side} median non-zero"] = "-" if q is None else _num(q["median_nonzero"], ".1e")
-            line[f"{side} p90"] = "-" if q is None else _num(q["p90"], ".1e")
-        out.append(line)
-    return pd.DataFrame(out)
-
-
-def table_eligibility(rows: dict) -> pd.DataFrame:
-    """Eligibility sources of the common set: exact1 non-zero, only refeed, only replica,
-    and the rest (non-zero under refeed and replica, zero under exact1)."""
-    out = []
-    for label, df in rows.items():
-        df = _excluded(df)
-        n = len(common_set(df))
-        e = eligibility(df)
-        out.append({
-            "configuration": label,
-            "n (common)": n,
-            "exact1 non-zero": e["exact1_nonzero"],
-            "only refeed": e["only_refeed"],
-            "only replica": e["only_replica"],
-            "refeed and replica, not exact1": n - sum(e.values()),
-        })
-    return pd.DataFrame(out)
-
-
-def table_cache(rows: dict) -> pd.DataFrame:
-    """Cache instrumentation per configuration, with totals over rows that carry the
-    fields (and over stock-engine rows, i.e. without batch-invariant runs)."""
-    out = []
-    tot = {"all": [0, 0, 0], "stock": [0, 0, 0]}
-    for label, df in rows.items():
-        c = cache(_excluded(df))
-        if c is None:
-            out.append({"configuration": label, "pivots": "-", "exact1 verified": "-", "exact2 verified": "-"})
-            continue
-        ok1, ok2 = round(c["exact1_ok_rate"] * c["n"]), round(c["exact2_ok_rate"] * c["n"])
-        keys = ["all"] if row_meta(label, df).get("batch_invariant") else ["all", "stock"]
-        for k in keys:
-            tot[k] = [tot[k][0] + c["n"], tot[k][1] + ok1, tot[k][2] + ok2]
-        out.append({"configuration": label, "pivots": c["n"],
-                    "exact1 verified": _pct(c["exact1_ok_rate"]), "exact2 verified": _pct(c["exact2_ok_rate"])})
-    for k, name in (("stock", "total, stock engine"), ("all", "total")):
-        n, ok1, ok2 = tot[k]
-        if n:
-            out.append({"configuration": name, "pivots": n,
-                        "exact1 verified": _pct(ok1 / n), "exact2 verified": _pct(ok2 / n)})
-    return pd.DataFrame(out)
-
-
-def table_bootstrap(rows: dict, seed: int = 0, n_boot: int = 2000) -> pd.DataFrame:
-    """[ours] Bootstrap 95% CIs (problems resampled) and the statsmodels LPM cross-check
-    beside the paper's clustered t."""
-    out = []
-    for label, df in rows.items():
-        e = extras(df, seed=seed, n_boot=n_boot)
-        b, lpm = e["bootstrap"], e["lpm"]
-        spread = _clustered(_excluded(df))[1]
-
-        def cell(entry, fmt):
-            if not entry or entry["estimate"] is None:
-                return "-"
-            ci = entry["ci95"]
-            ci_s = "" if ci is None else f" [{format(ci[0], fmt)}, {format(ci[1], fmt)}]"
-            return format(entry["estimate"], fmt) + ci_s
-
-        out.append({
-            "configuration": label,
-            "excess pp [95% CI]": cell(b["excess_pp"], "+.1f"),
-            "refeed J 0.5 [95% CI]": cell(b["jaccard_refeed_0.5"], ".3f"),
-            "replica J 0.5 [95% CI]": cell(b["jaccard_replica_0.5"], ".3f"),
-            "t_clust (paper)": _num(e["paper_t"], ".2f") if spread else "-",
-            "LPM excess pp": "-" if lpm is None else _num(lpm["coef_pp"], "+.1f"),
-            "LPM cluster SE pp": "-" if lpm is None else _num(lpm["se_pp"], ".2f"),
-            "LPM z": "-" if lpm is None else _num(lpm["z"], ".2f"),
-        })
-    return pd.DataFrame(out)
-
-
 EXTRA_PASSES = ("exact2", "refeed", "refeed2", "serial", "block16")
 
 
@@ -714,128 +656,3 @@ def resume_exactness(df: pd.DataFrame) -> dict:
             v = df[col].dropna().astype(bool)
             out[col] = {"checked": int(len(v)), "held": int(v.sum()), "share": _ratio(int(v.sum()), len(v))}
     return out
-
-
-def _labelled(rows: dict, fn) -> pd.DataFrame:
-    frames = []
-    for label, df in rows.items():
-        t = fn(df)
-        if len(t):
-            frames.append(t.assign(configuration=label))
-    if not frames:
-        return pd.DataFrame({"configuration": list(rows), "note": "no records with these fields"})
-    t = pd.concat(frames, ignore_index=True)
-    return t[["configuration"] + [c for c in t.columns if c != "configuration"]]
-
-
-def table_passes(rows: dict) -> pd.DataFrame:
-    """[ours] Extra passes (refeed2, serial, block16) against exact1, and refeed vs refeed2."""
-    return _labelled(rows, pass_comparisons)
-
-
-def table_pass_order(rows: dict) -> pd.DataFrame:
-    """[ours] Refeed and floor disagreement by pass order."""
-    return _labelled(rows, by_pass_order)
-
-
-def table_exactness(rows: dict) -> pd.DataFrame:
-    """[ours] Resume exactness per configuration."""
-    out = []
-    for label, df in rows.items():
-        e = resume_exactness(df)
-        row = {"configuration": label, "pivots": e["n"]}
-        for col in ("exact_ok", "first_step_exact", "regenerates_trunk"):
-            c = e.get(col)
-            row[col] = "-" if not c or not c["checked"] else f"{c['held']}/{c['checked']}"
-        out.append(row)
-    return pd.DataFrame(out)
-
-
-TABLES = {
-    "tab1_main": table1,
-    "tab2_jaccard": table_jaccard,
-    "tab3_exact1_excess": table_exact1_excess,
-    "tab4_bias": table_bias,
-    "tab5_margin": table_margin,
-    "tab6_probes": table_probes,
-    "tab7_eligibility": table_eligibility,
-    "tab8_cache": table_cache,
-    "tab9_bootstrap": table_bootstrap,
-    "tab10_passes": table_passes,
-    "tab11_pass_order": table_pass_order,
-    "tab12_exactness": table_exactness,
-}
-
-
-def all_tables(rows: dict, n_boot: int = 2000) -> dict:
-    """Every table by file name (``TABLES``), for rows {label: record frame}."""
-    return {name: (fn(rows, n_boot=n_boot) if fn is table_bootstrap else fn(rows)) for name, fn in TABLES.items()}
-
-
-def _markdown(df: pd.DataFrame) -> str:
-    cells = [[str(c) for c in df.columns]] + [[str(v) for v in row] for row in df.itertuples(index=False)]
-    esc = [[c.replace("|", "\\|") for c in line] for line in cells]
-    lines = ["| " + " | ".join(esc[0]) + " |", "|" + "|".join("---" for _ in esc[0]) + "|"]
-    lines += ["| " + " | ".join(line) + " |" for line in esc[1:]]
-    return "\n".join(lines) + "\n"
-
-
-def write_table(df: pd.DataFrame, name: str, tables_dir) -> list[Path]:
-    """Write ``name.csv``, ``name.md`` and ``name.tex`` under ``tables_dir``; returns paths."""
-    tables_dir = Path(tables_dir)
-    tables_dir.mkdir(parents=True, exist_ok=True)
-    from replaylib.rundir import atomic_save, atomic_write_bytes
-    paths = [tables_dir / f"{name}.{ext}" for ext in ("csv", "md", "tex")]
-    atomic_save(paths[0], lambda tmp: df.to_csv(tmp, index=False))
-    atomic_write_bytes(paths[1], _markdown(df).encode())
-    atomic_write_bytes(paths[2], df.astype(str).to_latex(index=False, escape=True).encode())
-    return paths
-
-
-def write_tables(rows: dict, tables_dir, n_boot: int = 2000) -> list[Path]:
-    """Compute and write every table of ``TABLES`` for rows {label: record frame}."""
-    paths = []
-    for name, df in all_tables(rows, n_boot).items():
-        paths += write_table(df, name, tables_dir)
-    return paths
-
-
-# ---------------------------------------------------------------- stage 4
-
-
-def run(params, out_dir=None) -> dict:
-    """Stage 4: every statistic, Table 1 and the in-text tables, Figures 1-3.
-
-    records: "run" uses this configuration's replay records; "published" the paper's
-    seven runs (data/paper-records). Tables go to tables/<config>/, figures to
-    figures/<config>/, the summary to runs/<config>/04_statistics/summary.json.
-    """
-    from replaylib import plotting, records as rec, replay
-    from replaylib.rundir import REPO, StageDir, atomic_write_json, figures_dir, sha256_file, tables_dir
-    stage = StageDir(params, "04_statistics", out_dir).begin()
-    if params.records == "published":
-        rows = {label: rec.load_paper_row(label, REPO / "data" / "paper-records") for label in PAPER_ROWS}
-        main = rows["main pooled"]
-    else:
-        main = replay.load(params, out_dir)
-        invariant = rec.load_records(stage.upstream("05_batch_invariant") / "records.parquet")
-        for df, label, inv in [(main, params.config, False), (invariant, f"{params.config} batch-invariant", True)]:
-            df.attrs["configs"] = {label: {"model": params.model, "k": params.k, "cont_temp": params.cont_temperature,
-                                           "problems": int(df.problem_id.nunique()), "batch_invariant": inv}}
-        rows = {params.config: main, f"{params.config} batch-invariant": invariant}
-    tdir, fdir = tables_dir(params.config, out_dir), figures_dir(params.config, out_dir)
-    products = write_tables(rows, tdir, n_boot=params.bootstrap_draws)
-    figures = {"fig1_quadrants": plotting.fig1_quadrants(main), "fig2_configs": plotting.fig2_configs(rows),
-               "fig3_logprob_ecdf": plotting.fig3_logprob_ecdf(main)}
-    comparisons = pass_comparisons(main)
-    if len(comparisons) > 2:  # beyond exact2 and refeed: the extra passes of [ours]
-        figures["fig4_passes"] = plotting.fig4_passes(comparisons)
-    for name, (fig, _) in figures.items():
-        products += plotting.save_figure(fig, name, fdir)
-    summary = {"main": summarize(main), "extras": extras(main, seed=0, n_boot=params.bootstrap_draws),
-               "resume_exactness": resume_exactness(main),
-               "passes": comparisons.to_dict("records"),
-               "rows": {label: summarize(df) for label, df in rows.items()}}
-    atomic_write_json(stage.file("summary.json"), summary)
-    stage.finish(["summary.json"], {"products": {str(p): sha256_file(p) for p in sorted(set(products))}})
-    return summary

@@ -1,4 +1,4 @@
-"""Pivot selection rules (PROTOCOL.md 3.2) on synthetic trunks."""
+"""Pivot selection rules (docs/protocol.md 3.2) on synthetic trunks."""
 import pandas as pd
 
 from replaylib import params

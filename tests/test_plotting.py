@@ -1,4 +1,5 @@
-"""Figures: smoke tests writing PDF and PNG into a temporary folder."""
+"""Figures: what they plot (their data frames, checked against the paper's printed numbers),
+and PDF, PNG and CSV written into a temporary folder."""
 
 from pathlib import Path
 
@@ -6,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from replaylib import plotting, records
+from replaylib import plotting, records, statistics_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "data" / "paper-records"
@@ -17,36 +18,62 @@ def main():
     return records.load_paper_row("main pooled", PAPER)
 
 
-def _saved(fig, name, tmp_path):
-    paths = plotting.save_figure(fig, name, tmp_path)
-    assert [p.name for p in paths] == [f"{name}.pdf", f"{name}.png"]
-    assert all(p.stat().st_size > 1000 for p in paths)
-    w, h = fig.get_size_inches()
-    assert w <= 7.2 and h <= 7.2
+@pytest.fixture(scope="module")
+def invariant():
+    return records.load_paper_row("batch-invariant", PAPER)
+
+
+def _saved(fig, name, tmp_path, data):
+    paths = plotting.save_figure(fig, name, tmp_path, data)
+    assert [p.name for p in paths] == [f"{name}.pdf", f"{name}.png", f"{name}.csv"]
+    assert all(p.stat().st_size > 100 for p in paths)
+    pd.testing.assert_frame_equal(pd.read_csv(paths[2]), data.reset_index(drop=True), check_dtype=False)
 
 
 def test_fig1(main, tmp_path):
     fig, axes = plotting.fig1_quadrants(main)
     assert len(axes) == 2
-    grid = axes[0].images[0].get_array()
-    assert grid.shape == (9, 9) and int(grid.sum()) == 636
-    _saved(fig, "fig1_quadrants", tmp_path)
+    assert tuple(fig.get_size_inches()) == (7.0, 3.4)
+    assert [ax.get_title().splitlines()[1] for ax in axes] == [
+        "disagreements: 215/636 = 33.8%", "disagreements: 96/636 = 15.1%"]
+    assert "common eligible set n=636" in fig.get_suptitle() and "40 problems" in fig.get_suptitle()
+    data = plotting.fig1_data(main)
+    assert len(data) == 2 * 81
+    assert data.groupby("comparison")["count"].sum().to_dict() == {"refeed": 636, "replica": 636}
+    cell = data.set_index(["comparison", "A_exact1", "A_other"])["count"]
+    assert cell["refeed", 0.25, 0.25] == 97 and cell["replica", 0.25, 0.25] == 127  # the paper's largest cells
+    assert cell["refeed", 1.0, 1.0] == 69 and cell["replica", 1.0, 1.0] == 67
+    _saved(fig, "fig1_quadrants", tmp_path, data)
 
 
-def test_fig2(main, tmp_path):
-    rows = {"main pooled": main, "batch-invariant": records.load_paper_row("batch-invariant", PAPER)}
+def test_fig2(main, invariant, tmp_path):
+    rows = {"main pooled": main, "batch-invariant": invariant}
     fig, ax = plotting.fig2_configs(rows)
-    heights = [p.get_height() for p in ax.patches]
-    assert heights[0] == pytest.approx(100 * 215 / 636) and heights[1] == 0  # refeed bars
-    _saved(fig, "fig2_configs", tmp_path)
+    data = plotting.fig2_data(rows)
+    assert data["refeed_rate_pct"].iloc[0] == pytest.approx(100 * 215 / 636)
+    assert list(data["bitwise_identical"]) == [False, True]
+    assert data["tick_label"].iloc[0] == "main pooled\nQwen2.5-7B\nt=0.7 K=4\nn=636"
+    texts = [t.get_text() for t in ax.texts]
+    assert texts == ["+18.7pp", "0: bitwise\nidentical"]
+    assert sorted(p.get_height() for p in ax.patches if p.get_height() > 0)[-1] == pytest.approx(100 * 215 / 636)
+    _saved(fig, "fig2_configs", tmp_path, data)
 
 
-def test_fig3(main, tmp_path):
-    fig, ax = plotting.fig3_logprob_ecdf(main)
-    assert ax.get_xscale() == "log"
+def test_fig3_pools_the_papers_four_runs(tmp_path, invariant):
+    pooled = statistics_stage.published_inputs()["fig3"]
+    assert len(pooled) == 3047  # four runs, not deduplicated
+    data = plotting.fig3_data(pooled, invariant).set_index("series")
+    assert data.loc["replica", "n"] == data.loc["refeed", "n"] == 3047
+    assert f"{100 * data.loc['replica', 'exactly_zero_share']:.1f}" == "79.1"
+    assert f"{100 * data.loc['refeed', 'exactly_zero_share']:.1f}" == "3.5"
+    assert data.loc["batch-invariant replica", "exactly_zero_share"] == 1.0
+    assert data.loc["batch-invariant refeed", "exactly_zero_share"] == 1.0
+    fig, ax = plotting.fig3_logprob_ecdf(pooled, invariant)
+    assert ax.get_xscale() == "log" and ax.get_xlim() == pytest.approx((1e-8, 0.3))
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert labels == ["replica: 72.3% exactly 0", "refeed: 3.3% exactly 0"]
-    _saved(fig, "fig3_logprob_ecdf", tmp_path)
+    assert labels == ["exact replica (exactly 0 at 79.1%)", "re-feed (exactly 0 at 3.5%)"]
+    assert [line.get_ydata()[0] for line in ax.lines if line.get_linestyle() == "--"] == [100.0]
+    _saved(fig, "fig3_logprob_ecdf", tmp_path, data.reset_index())
 
 
 def test_infer_k_and_no_probes():
@@ -54,6 +81,27 @@ def test_infer_k_and_no_probes():
                        "A_exact1": [0.125, 0.0], "A_exact2": [0.0, -0.375], "A_refeed": [1.0, 0.5]})
     assert plotting.infer_k(df) == 8
     fig, axes = plotting.fig1_quadrants(df)
-    assert axes[0].images[0].get_array().shape == (17, 17)
+    assert len(plotting.fig1_data(df)) == 2 * 17 * 17
     with pytest.raises(ValueError, match="no probe fields"):
         plotting.fig3_logprob_ecdf(df.assign(greedy_first_logprob_delta_refeed=np.nan))
+
+
+def test_paper_figures_render_beside_ours(tmp_path, main):
+    for name in plotting.PAPER_FILES:
+        image = plotting.paper_figure(name, dpi=50)
+        assert image.size[0] > 100 and image.size[1] > 50
+    fig, _ = plotting.fig1_quadrants(main)
+    png = plotting.save_figure(fig, "fig1_quadrants", tmp_path)[1]
+    both, axes = plotting.side_by_side(png, plotting.paper_figure("fig1_quadrants", dpi=50))
+    assert [ax.get_title() for ax in axes] == ["regenerated by this package", "the paper"]
+    with pytest.raises(ValueError, match="no paper figure"):
+        plotting.paper_figure("fig9")
+
+
+def test_margin_histogram_with_its_data(tmp_path):
+    margins = np.random.default_rng(0).exponential(2.0, 500)
+    fig, ax = plotting.margin_histogram(margins, 1.0)
+    data = plotting.margin_histogram_data(margins, 1.0)
+    assert data["tokens"].sum() == 500 and data["below_threshold"].iloc[0]
+    assert ax.get_title().startswith(f"{np.mean(margins < 1.0):.1%} of 500 tokens")
+    _saved(fig, "figS1_margins", tmp_path, data)

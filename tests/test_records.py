@@ -1,4 +1,4 @@
-"""Loading, validating and pooling per-pivot records (PROTOCOL.md section 6)."""
+"""Loading, validating and pooling per-pivot records (docs/protocol.md section 6)."""
 
 import json
 from pathlib import Path
@@ -45,7 +45,7 @@ def test_paper_rows_and_pooling():
     assert list(records.PAPER_ROWS) == ["main pooled", "K=8", "K=16", "greedy continuations",
                                         "GRPO checkpoint", "Phi-4-mini", "batch-invariant"]
     for label, meta in records.PAPER_ROWS.items():
-        assert {"files", "model", "k", "cont_temp", "problems"} <= set(meta)
+        assert {"files", "batch_invariant"} <= set(meta)
         assert all((PAPER / f).is_file() for f in meta["files"]), label
     main = records.load_paper_row("main pooled", PAPER)
     assert len(main) == 1567 and set(main["source"]) == {"primary", "screened"}
@@ -155,7 +155,7 @@ def test_missing_required_field(tmp_path):
         records.load_records(path)
     msg = str(e.value)
     assert "\n" not in msg
-    assert str(path) in msg and "pivot 1" in msg and "'A_refeed'" in msg and "PROTOCOL.md section 6" in msg
+    assert str(path) in msg and "pivot 1" in msg and "'A_refeed'" in msg and "docs/protocol.md section 6" in msg
 
 
 @pytest.mark.parametrize("field,value,words", [

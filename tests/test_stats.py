@@ -1,4 +1,4 @@
-"""Statistics of PROTOCOL.md section 4: the paper's published numbers, and edge cases."""
+"""Statistics of docs/protocol.md section 4: the paper's published numbers, and edge cases."""
 
 import json
 import math
@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from replaylib import records, stats
+from replaylib import records, stats, tables
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "data" / "paper-records"
@@ -84,7 +84,7 @@ def test_summary_keys_exact(main_summary):
     json.dumps(main_summary, allow_nan=False)
 
 
-# ---------------------------------------------------------------- every Table 1 row (PROTOCOL.md)
+# ---------------------------------------------------------------- every Table 1 row (docs/protocol.md 5.1)
 
 TABLE1 = {  # n, refeed, (polarity), floor, (polarity), excess, t, z  as printed
     "main pooled": (636, "33.8", "3.9", "15.1", "1.1", "+18.7", "5.51", "8.61"),
@@ -122,7 +122,7 @@ def test_batch_invariant_row(rows):
 
 
 def test_table1_formatting(rows):
-    t = stats.table1(rows)
+    t = tables.table1(rows)
     assert list(t.columns) == ["configuration", "model", "K", "cont. temp", "problems", "n (common)",
                                "refeed (polarity)", "floor (polarity)", "excess pp", "t_clust", "z"]
     main = t.iloc[0].tolist()
@@ -134,7 +134,7 @@ def test_table1_formatting(rows):
     assert bi[5:] == [106, "0.0%", "0.0%", "0", "-", "-"]
 
 
-# ---------------------------------------------------------------- in-text numbers (PROTOCOL.md)
+# ---------------------------------------------------------------- in-text numbers (docs/protocol.md 5.1)
 
 IN_TEXT = {  # exact1-conditioned excess, Jaccard 0.5 refeed, ceiling
     "main pooled": ("+11.7", "0.68", "0.84"),
@@ -165,7 +165,7 @@ def test_probe_ranges_and_cache_totals(rows):
     # first-campaign rows carry no cache fields
     assert summaries["greedy continuations"]["cache"] is None
     assert summaries["GRPO checkpoint"]["cache"] is None
-    tab = stats.table_cache(rows).set_index("configuration")
+    tab = tables.table_cache(rows).set_index("configuration")
     assert tab.loc["total, stock engine", "pivots"] == 3434
     assert tab.loc["total", "pivots"] == 3829
     assert tab.loc["total", "exact1 verified"] == tab.loc["total", "exact2 verified"] == "100.0%"
@@ -173,20 +173,21 @@ def test_probe_ranges_and_cache_totals(rows):
 
 def test_all_tables_written(rows, tmp_path):
     small = {lab: rows[lab] for lab in ("main pooled", "greedy continuations", "batch-invariant")}
-    tables = stats.all_tables(small)
-    assert list(tables) == ["tab1_main", "tab2_jaccard", "tab3_exact1_excess", "tab4_bias", "tab5_margin",
-                            "tab6_probes", "tab7_eligibility", "tab8_cache", "tab9_bootstrap", "tab10_passes",
-                            "tab11_pass_order", "tab12_exactness"]
-    for name, df in tables.items():
-        paths = stats.write_table(df, name, tmp_path)
+    written = tables.all_tables(small)
+    assert list(written) == ["tab1_main", "tab2_jaccard", "tab3_exact1_excess", "tab4_bias", "tab5_margin",
+                             "tab6_probes", "tab7_eligibility", "tab8_cache", "tab9_bootstrap", "tab10_passes",
+                             "tab11_pass_order", "tab12_exactness", "tab13_clustered", "tab14_selection",
+                             "tab15_preregistered", "tab16_cohorts", "tab17_per_problem", "tab18_runs"]
+    for name, df in written.items():
+        paths = tables.write_table(df, name, tmp_path)
         assert [p.name for p in paths] == [f"{name}.csv", f"{name}.md", f"{name}.tex"]
         assert all(p.stat().st_size > 0 for p in paths)
     md = (tmp_path / "tab1_main.md").read_text().splitlines()
     assert md[0].startswith("| configuration | model | K |") and md[1].startswith("|---|")
     assert "\\%" in (tmp_path / "tab1_main.tex").read_text()
-    bias = tables["tab4_bias"].set_index("configuration")
+    bias = written["tab4_bias"].set_index("configuration")
     assert bias.loc["main pooled", "95% CI"] == "[-0.0285, +0.0065]"
-    elig = tables["tab7_eligibility"].iloc[0]
+    elig = written["tab7_eligibility"].iloc[0]
     assert (elig["exact1 non-zero"], elig["only refeed"], elig["only replica"]) == (515, 77, 18)
 
 
@@ -376,3 +377,94 @@ def test_pass_comparisons_order_and_exactness_on_synthetic_records():
     e = stats.resume_exactness(df)
     assert e["first_step_exact"] == {"checked": 3, "held": 2, "share": 2 / 3}
     assert e["regenerates_trunk"]["held"] == 3
+
+
+# ---------------------------------------------------------------- issue 11: metadata from the files, cache first
+
+def test_table1_metadata_from_config_blocks(rows):
+    """Model, K, temperature and problems come from the records' config blocks, not literals."""
+    k8 = rows["K=8"].copy()
+    (cfg,) = k8.attrs["configs"].values()
+    k8.attrs = {"configs": {"k8": {**cfg, "model": "org/Other-1B", "k": 8, "cont_temp": 0.3, "problems": 7}}}
+    line = tables.table1({"K=8": k8}).iloc[0]
+    assert (line["model"], line["K"], line["cont. temp"], line["problems"]) == ("org/Other-1B", 8, "0.3", "7 screened")
+    # a null cont_temp means the trunk temperature (the harness's convention)
+    k8.attrs["configs"]["k8"].update(cont_temp=None, temperature=0.9)
+    assert tables.table1({"K=8": k8}).iloc[0]["cont. temp"] == "0.9"
+
+
+def test_cache_rates_over_all_records_before_exclusion():
+    df = frame(HAND, exact_ok=[True, False, True, True, None, True])
+    df["cache_ok_exact1"] = [True, False, True, True, True, True]  # the flagged pivot also missed the cache
+    df["cache_ok_exact2"] = True
+    s = stats.summarize(df)
+    assert s["excluded_not_exact"] == 1 and s["common"]["n"] == 4  # other statistics exclude it
+    assert s["cache"]["n"] == 6 and s["cache"]["exact1_ok_rate"] == pytest.approx(5 / 6)
+    assert s["cache"]["excluded_not_exact"] == 1
+
+
+def test_cache_table_counts_all_records_and_exclusions():
+    df = frame(HAND, exact_ok=[True, False, True, True, None, True], cache_ok_exact1=True, cache_ok_exact2=True)
+    df.loc[1, "cache_ok_exact1"] = False
+    line = tables.table_cache({"run": df}).set_index("configuration").loc["run"]
+    assert (line["pivots"], line["exact1 verified"], line["excluded (exact_ok false)"]) == (6, "83.3%", 1)
+
+
+# ---------------------------------------------------------------- the text's numbers (docs/protocol.md 5.3)
+
+def test_clustered_per_problem_splits_as_printed(rows):
+    split = tables.table_clustered(rows).set_index("configuration")["worse-better"]
+    assert (split["main pooled"], split["K=8"], split["GRPO checkpoint"]) == ("29-5", "19-0", "16-2")
+    cl = stats.clustered(rows["main pooled"])
+    assert cl["refeed_worse"] + cl["floor_worse"] + cl["equal"] == cl["n_problems"] == 40
+
+
+def test_selection_gap_share_two_fifths_to_two_thirds(rows):
+    """Re-feeding adds two-fifths to two-thirds of the critical-token selection gap (|A| >= 0.5)."""
+    shares = {lab: stats.selection_gap(rows[lab], 0.5)["share_added_by_refeed"] for lab in rows if lab != "batch-invariant"}
+    assert all(2 / 5 <= s <= 2 / 3 for s in shares.values()), shares
+    g = stats.selection_gap(rows["main pooled"], 0.5)
+    assert g["share_added_by_refeed"] == pytest.approx((g["replica"] - g["refeed"]) / (1 - g["refeed"]))
+    assert stats.selection_gap(rows["batch-invariant"], 0.5)["share_added_by_refeed"] is None  # J = 1: no gap
+
+
+def test_every_selection_disagreement_within_one_step(rows):
+    for label, df in rows.items():
+        k = stats.infer_k(df)
+        for t in stats.JACCARD_THRESHOLDS:
+            near = stats.selection_near_threshold(df, t, k)
+            for side in ("refeed", "replica"):
+                assert near[side]["within_1_over_k"] == near[side]["disagreements"], (label, t, side)
+    assert stats.selection_near_threshold(rows["main pooled"], 0.5, 4)["refeed"]["disagreements"] == 85
+
+
+@pytest.mark.parametrize("name", ["2026-06-11/primary.json", "2026-06-11/screened.json", "2026-06-11/k8.json",
+                                  "2026-06-11/k16.json", "2026-06-10/temp0.json", "2026-06-10/grpo.json",
+                                  "2026-06-11/phi.json", "2026-06-11/batchinv.json"])
+def test_preregistered_metric_reproduces_the_harness_aggregate(name):
+    """Each comparison on its own eligible set, as registered: equal to the file's own aggregate."""
+    assert stats.preregistered(records.load_records(PAPER / name)) == records.load_blocks(PAPER / name)["aggregate"]
+
+
+def test_preregistered_beside_common_set_and_cohorts(rows):
+    primary, screened = (records.load_records(PAPER / f"2026-06-11/{c}.json") for c in ("primary", "screened"))
+    pre = stats.preregistered(rows["main pooled"])
+    assert pre["primary_exact_vs_refeed"] == {"eligible": 618, "flips": 215, "rate": 215 / 618}
+    assert pre["floor_exact_vs_exact"]["eligible"] == 559 and pre["floor_exact_vs_exact"]["flips"] == 96
+    t = tables.table1({"primary": primary, "screened": screened, "main pooled": rows["main pooled"]})
+    t = t.set_index("configuration")
+    assert list(t["problems"]) == ["primary 0-19", "20 screened", "primary 20 + screened 20"]
+    assert t.loc["primary", "n (common)"] + t.loc["screened", "n (common)"] == 636
+
+
+def test_run_blocks_tables():
+    blocks = {name: {"records": records.load_records(PAPER / f), "file": f, **records.load_blocks(PAPER / f)}
+              for name, f in (("primary", "2026-06-11/primary.json"), ("GRPO checkpoint", "2026-06-10/grpo.json"))}
+    per = tables.table_per_problem(blocks)
+    assert len(per) == 40 and set(per["run"]) == {"primary", "GRPO checkpoint"}
+    first = per.iloc[0]
+    assert (first["problem_id"], first["rollout accuracy"], first["cache violations exact1"], first["seconds exact1"],
+            first["seconds total"]) == (0, 1.0, 0, 8.2, 25.6)
+    assert per.set_index("run").loc["GRPO checkpoint", "cache violations exact1"].eq("-").all()  # first campaign
+    runs = tables.table_runs(blocks).set_index("run")
+    assert runs.loc["primary", "elapsed seconds"] == "752.1" and runs.loc["GRPO checkpoint", "pivots"] == 779

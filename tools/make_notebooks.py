@@ -55,7 +55,7 @@ BODY = {
 For every problem, N rollouts ("trunks") at the trunk temperature and top-p, seeded by a stable
 hash of (problem, "trunk", rollout). Every generated token keeps its raw top-k logprobs (before
 temperature and top-p: the pivot margin is measured on the model's own distribution). With
-`screen_mixed`, a problem is kept only if its trunk accuracy is neither 0 nor 1 (PROTOCOL.md 3.1).
+`screen_mixed`, a problem is kept only if its trunk accuracy is neither 0 nor 1 (docs/protocol.md 3.1).
 The transformers engine also saves each kept trunk's decode-time KV state, so that the replay
 stage can resume exactly the state the model had while decoding.
 
@@ -76,12 +76,12 @@ required the pivot to sit within `boundary_slack` tokens past a block boundary; 
 engine resumes at any token, so `block_size: 1` (the default) lifts that filter and
 `block_size: 16` reproduces the paper's. The alternative arm forces the most likely other
 token; EOS and special alternatives are skipped; at most `max_pivots_per_rollout` per trunk,
-earliest first (PROTOCOL.md 3.2).
+earliest first (docs/protocol.md 3.2).
 
 Writes `runs/<config>/02_pivot_mining/pivots.parquet` and `margins.parquet`."""),
         ("code", "from replaylib import pivots, plotting, sampling\nfrom replaylib.rundir import StageDir, figures_dir\n\npivot_table = pivots.run(P, OUT)\ntrunks, _, _ = sampling.load(P, OUT)\npivots.summary(pivot_table, trunks)"),
         ("md", "## Margins of every generated token\n\nMost tokens are confident; the pivots come from the low-margin tail left of the line."),
-        ("code", "margins = pd.read_parquet(StageDir(P, pivots.STAGE, OUT).path / \"margins.parquet\")\nfig, ax = plotting.margin_histogram(margins.margin, P.margin_threshold)\nplotting.save_figure(fig, \"figS1_margins\", figures_dir(P.config, OUT))\nfig"),
+        ("code", "margins = pd.read_parquet(StageDir(P, pivots.STAGE, OUT).path / \"margins.parquet\")\nfig, ax = plotting.margin_histogram(margins.margin, P.margin_threshold)\nplotting.save_figure(fig, \"figS1_margins\", figures_dir(P.config, OUT),\n                      plotting.margin_histogram_data(margins.margin, P.margin_threshold))\nfig"),
         ("md", "## The pivots"),
         ("code", "pivot_table"),
     ],
@@ -91,7 +91,7 @@ Writes `runs/<config>/02_pivot_mining/pivots.parquet` and `margins.parquet`.""")
 Each pivot is cut from its trunk and both arms are forced: the sampled token (*actual*) and the
 best alternative (*alt*). Each arm gets K sampled continuations, seeded by
 hash(problem, rollout, abs_pos, arm, k), and one greedy 32-token probe, in three passes
-(PROTOCOL.md 3.3):
+(docs/protocol.md 3.3):
 
 * **exact1** resumes the decode-time KV state saved by stage 1 (loaded from disk and checked
   against its digest);
@@ -116,28 +116,33 @@ Writes `runs/<config>/03_three_pass_replay/records.parquet` (and per-problem sha
     "04_statistics": [
         ("md", """# Stage 4: statistics, tables and figures
 
-Every quantity of PROTOCOL.md section 4: disagreement of refeed and of the replica (exact2)
+Every quantity of docs/protocol.md section 4: disagreement of refeed and of the replica (exact2)
 with exact1 on the common set (any pass A != 0) and on the exact1-conditioned set, the excess in
-percentage points, eligibility sources, the problem-clustered t, McNemar's z, the bias of
-A_refeed - A_exact1, margin buckets, critical-token Jaccard, the greedy-probe channel and the
-cache instrumentation; beyond the paper, problem-bootstrap CIs and a statsmodels cross-check.
+percentage points, eligibility sources, the problem-clustered t and its per-problem split,
+McNemar's z, the bias of A_refeed - A_exact1, margin buckets, critical-token Jaccard and the share
+of the selection gap re-feeding adds, the greedy-probe channel, the cache instrumentation (over all
+records, exclusions beside it), and the pre-registered metrics as registered; beyond the paper,
+problem-bootstrap CIs and a statsmodels cross-check.
 `records: published` computes them from the paper authors' seven runs (data/paper-records) and
-regenerates Table 1 and Figures 1-3; `records: run` from this configuration's replay, with its
-batch-invariant confirmation (stage 5) as a second row, as in the paper.
+regenerates Table 1 and Figures 1-3, each shown beside the paper's own figure; `records: run`
+from this configuration's replay, with its batch-invariant confirmation (stage 5) as a second
+row, as in the paper.
 
-Writes `tables/<config>/tab*.{csv,md,tex}`, `figures/<config>/fig*.{pdf,png}` and
-`runs/<config>/04_statistics/summary.json`."""),
-        ("code", "from replaylib import stats\nfrom replaylib.rundir import figures_dir, tables_dir\n\nsummary = stats.run(P, OUT)\nTABLES, FIGURES = tables_dir(P.config, OUT), figures_dir(P.config, OUT)"),
+Writes `tables/<config>/tab*.{csv,md,tex}`, `figures/<config>/fig*.{pdf,png,csv}` (the CSV: the
+data the figure plots) and `runs/<config>/04_statistics/summary.json`."""),
+        ("code", "from replaylib import plotting, statistics_stage\nfrom replaylib.rundir import figures_dir, tables_dir\n\nsummary = statistics_stage.run(P, OUT)\nTABLES, FIGURES = tables_dir(P.config, OUT), figures_dir(P.config, OUT)"),
         ("md", "## Table 1"),
         ("code", "display(Markdown((TABLES / \"tab1_main.md\").read_text()))"),
-        ("md", "## Figure 1: A_exact1 against A_refeed and against the replica"),
-        ("code", "Image(FIGURES / \"fig1_quadrants.png\")"),
+        ("md", "## Figure 1: A_exact1 against A_refeed and against the replica\n\nLeft: regenerated here; right: the paper's (data/paper-figures)."),
+        ("code", "fig, _ = plotting.side_by_side(FIGURES / \"fig1_quadrants.png\", plotting.paper_figure(\"fig1_quadrants\"))\nImage(plotting.to_png(fig))"),
         ("md", "## Figure 2: disagreement per configuration"),
-        ("code", "Image(FIGURES / \"fig2_configs.png\")"),
+        ("code", "fig, _ = plotting.side_by_side(FIGURES / \"fig2_configs.png\", plotting.paper_figure(\"fig2_configs\"))\nImage(plotting.to_png(fig))"),
         ("md", "## Figure 3: first-token logprob deltas of the greedy probes"),
-        ("code", "Image(FIGURES / \"fig3_logprob_ecdf.png\")"),
+        ("code", "fig, _ = plotting.side_by_side(FIGURES / \"fig3_logprob_ecdf.png\", plotting.paper_figure(\"fig3_logprob_ecdf\"))\ndisplay(Image(plotting.to_png(fig)))\npd.read_csv(FIGURES / \"fig3_logprob_ecdf.csv\")"),
         ("md", "## The in-text numbers"),
-        ("code", "for name in [\"tab2_jaccard\", \"tab3_exact1_excess\", \"tab4_bias\", \"tab5_margin\", \"tab6_probes\",\n             \"tab7_eligibility\", \"tab8_cache\", \"tab9_bootstrap\"]:\n    display(Markdown(f\"**{name}**\\n\\n\" + (TABLES / f\"{name}.md\").read_text()))"),
+        ("code", "for name in [\"tab2_jaccard\", \"tab3_exact1_excess\", \"tab4_bias\", \"tab5_margin\", \"tab6_probes\",\n             \"tab7_eligibility\", \"tab8_cache\", \"tab9_bootstrap\", \"tab13_clustered\", \"tab14_selection\"]:\n    display(Markdown(f\"**{name}**\\n\\n\" + (TABLES / f\"{name}.md\").read_text()))"),
+        ("md", "## The pre-registered metrics, the cohorts and the runs\n\nThe primary metric as registered (each comparison on its own eligible set), checked against each published file's own `aggregate` block; Table 1 for the primary and screened cohorts apart and pooled; each run's elapsed time (its per-problem blocks: `tab17_per_problem`)."),
+        ("code", "for name in [\"tab15_preregistered\", \"tab16_cohorts\", \"tab18_runs\"]:\n    display(Markdown(f\"**{name}**\\n\\n\" + (TABLES / f\"{name}.md\").read_text()))"),
     ],
     "05_batch_invariant": [
         ("md", """# Stage 5: batch-invariant confirmation
@@ -146,7 +151,7 @@ The same measurement with the engine in an invariant mode, in which prefill and 
 every token identically. On the transformers engine every forward pass is one token of one
 sequence; on vLLM, `VLLM_BATCH_INVARIANT=1` with an invariant attention backend. The prediction
 (met exactly in the paper): exact1, exact2 and refeed agree on every channel: estimates, probe
-tokens and probe logprobs. The stage fails if any pivot disagrees (PROTOCOL.md 3.5).
+tokens and probe logprobs. The stage fails if any pivot disagrees (docs/protocol.md 3.5).
 
 Writes `runs/<config>/05_batch_invariant/records.parquet` and `invariant.json`."""),
         ("code", "from replaylib import invariant\n\nreport = invariant.run(P, OUT)\npd.Series(report)"),

@@ -1,0 +1,125 @@
+"""Stage 4: every statistic, the tables and the figures (docs/protocol.md sections 4, 5).
+
+Data flows one way: ``stats`` (pure statistics) <- ``tables`` and ``plotting`` <- this
+module, which gathers the records, writes tables/<config>/, figures/<config>/ (each figure
+with its data as CSV) and runs/<config>/04_statistics/summary.json, and records every
+product in the stage's manifest under ``products``, by path relative to the out root.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from replaylib import plotting, records as rec, replay, stats, tables
+from replaylib.rundir import (REPO, StageDir, atomic_write_json, figures_dir, out_root, sha256_file,
+                              tables_dir)
+
+STAGE = "04_statistics"
+PAPER_RECORDS = REPO / "data" / "paper-records"
+# the paper's Figure 3 pools these four runs, without deduplication (3,047 pivots)
+FIG3_FILES = ("2026-06-11/primary.json", "2026-06-11/screened.json", "2026-06-11/k8.json", "2026-06-11/phi.json")
+COHORTS = {"primary": "2026-06-11/primary.json", "screened": "2026-06-11/screened.json"}
+
+
+def _concat(frames):
+    """Frames stacked as they are (no deduplication), their configs kept."""
+    frames = list(frames)
+    out = pd.concat(frames, ignore_index=True)
+    out.attrs = {"configs": {k: v for f in frames for k, v in f.attrs.get("configs", {}).items()}}
+    return out
+
+
+def published_inputs(root=PAPER_RECORDS) -> dict:
+    """The paper's inputs: the seven Table 1 rows, each records file as a run with its
+    published blocks (the two main cohorts and their pool among them), the cohorts, and
+    Figure 3's four pooled runs with the batch-invariant run."""
+    rows = {label: rec.load_paper_row(label, root) for label in rec.PAPER_ROWS}
+    runs = {}
+    for label, meta in rec.PAPER_ROWS.items():
+        if len(meta["files"]) > 1:  # a pooled row: each file, then the pool (no harness aggregate)
+            for name, f in COHORTS.items():
+                runs[name] = {"file": f, "records": rec.load_records(root / f), **rec.load_blocks(root / f)}
+            runs[label] = {"file": " + ".join(meta["files"]), "records": rows[label]}
+        else:
+            f = meta["files"][0]
+            runs[label] = {"file": f, "records": rows[label], **rec.load_blocks(root / f)}
+    cohorts = {name: runs[name]["records"] for name in COHORTS} | {"main pooled": rows["main pooled"]}
+    fig3 = _concat(rec.load_records(root / f) for f in FIG3_FILES)
+    return {"rows": rows, "runs": runs, "cohorts": cohorts, "main": rows["main pooled"],
+            "main_label": "Pooled main configuration", "fig3": fig3, "invariant": rows["batch-invariant"]}
+
+
+def run_inputs(params, stage: StageDir, out_dir=None) -> dict:
+    """This configuration's inputs: its replay records and its batch-invariant run (stage 5),
+    with the run's parameters as their config (for Table 1's model, K and temperature)."""
+    main = replay.load(params, out_dir)
+    invariant = rec.load_records(stage.upstream("05_batch_invariant") / "records.parquet")
+    for df, label, inv in [(main, params.config, False), (invariant, f"{params.config} batch-invariant", True)]:
+        df.attrs["configs"] = {label: {"model": params.model, "k": params.k, "cont_temp": params.cont_temperature,
+                                       "temperature": params.temperature, "problems": int(df.problem_id.nunique()),
+                                       "screen_mixed": params.screen_mixed, "scan_start": params.problem_start,
+                                       "batch_invariant": inv}}
+    rows = {params.config: main, f"{params.config} batch-invariant": invariant}
+    return {"rows": rows, "runs": {label: {"records": df} for label, df in rows.items()}, "cohorts": None,
+            "main": main, "main_label": params.config, "fig3": main, "invariant": invariant}
+
+
+def figures(inputs: dict) -> dict:
+    """Every figure of the stage: {name: ((fig, ax), data frame it plots)}."""
+    main, rows = inputs["main"], inputs["rows"]
+    out = {
+        "fig1_quadrants": (plotting.fig1_quadrants(main, label=inputs["main_label"]), plotting.fig1_data(main)),
+        "fig2_configs": (plotting.fig2_configs(rows), plotting.fig2_data(rows)),
+        "fig3_logprob_ecdf": (plotting.fig3_logprob_ecdf(inputs["fig3"], inputs["invariant"]),
+                              plotting.fig3_data(inputs["fig3"], inputs["invariant"])),
+    }
+    comparisons = stats.pass_comparisons(main)
+    if len(comparisons) > 2:  # beyond exact2 and refeed: the extra passes of [ours]
+        out["fig4_passes"] = (plotting.fig4_passes(comparisons), comparisons)
+    return out
+
+
+def summary(inputs: dict, n_boot: int) -> dict:
+    """summary.json: the main row's statistics, extras and exactness, every row, the
+    cohorts, and each run's pre-registered metrics beside its harness aggregate, per-problem
+    blocks and elapsed seconds (where the files have them)."""
+    main, rows = inputs["main"], inputs["rows"]
+    runs = {}
+    for name, r in inputs["runs"].items():
+        pre = stats.preregistered(stats.exclude_not_exact(r["records"])[0])
+        agg = r.get("aggregate")
+        runs[name] = {"file": r.get("file"), "preregistered": pre, "harness_aggregate": agg,
+                      "aggregate_reproduced": None if agg is None else pre == agg,
+                      "per_problem": r.get("per_problem"), "elapsed_seconds": r.get("elapsed_seconds")}
+    return {
+        "main": {**stats.summarize(main), **stats.text_numbers(main)},
+        "extras": stats.extras(main, seed=0, n_boot=n_boot),
+        "resume_exactness": stats.resume_exactness(main),
+        "passes": stats.pass_comparisons(main).to_dict("records"),
+        "rows": {label: {**stats.summarize(df), **stats.text_numbers(df)} for label, df in rows.items()},
+        "cohorts": {label: stats.summarize(df) for label, df in (inputs["cohorts"] or {}).items()},
+        "runs": runs,
+        "figure3": plotting.fig3_data(inputs["fig3"], inputs["invariant"]).to_dict("records"),
+    }
+
+
+def run(params, out_dir=None) -> dict:
+    """Stage 4: every statistic, Table 1 and the in-text tables, Figures 1-3.
+
+    records: "run" uses this configuration's replay records; "published" the paper's
+    seven runs (data/paper-records). Tables go to tables/<config>/, figures (with their
+    data as CSV) to figures/<config>/, the summary to runs/<config>/04_statistics/summary.json.
+    """
+    stage = StageDir(params, STAGE, out_dir).begin()
+    inputs = published_inputs() if params.records == "published" else run_inputs(params, stage, out_dir)
+    tdir, fdir = tables_dir(params.config, out_dir), figures_dir(params.config, out_dir)
+    products = tables.write_tables(inputs["rows"], tdir, n_boot=params.bootstrap_draws,
+                                   runs=inputs["runs"], cohorts=inputs["cohorts"])
+    for name, ((fig, _), data) in figures(inputs).items():
+        products += plotting.save_figure(fig, name, fdir, data)
+    result = summary(inputs, params.bootstrap_draws)
+    atomic_write_json(stage.file("summary.json"), result)
+    root = out_root(out_dir).resolve()
+    stage.finish(["summary.json"], {"products": {
+        p.resolve().relative_to(root).as_posix(): sha256_file(p) for p in sorted(set(products))}})
+    return result
