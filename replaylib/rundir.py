@@ -156,6 +156,13 @@ def code_fingerprint(stage: str) -> str:
     return h.hexdigest()[:16]
 
 
+def product_digests(paths, out_dir=None) -> dict:
+    """sha256 of files a stage writes outside its directory (tables, figures), named relative to the
+    out root so that a moved or copied run still verifies (manifest key ``products``)."""
+    root = out_root(out_dir).resolve()
+    return {Path(p).resolve().relative_to(root).as_posix(): sha256_file(p) for p in sorted(set(paths))}
+
+
 class UpstreamError(RuntimeError):
     pass
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from replaylib import plotting, records as rec, replay, stats, tables
-from replaylib.rundir import (REPO, StageDir, atomic_write_json, figures_dir, out_root, sha256_file,
-                              tables_dir)
+from replaylib.rundir import REPO, StageDir, atomic_write_json, figures_dir, product_digests, tables_dir
 
 STAGE = "04_statistics"
 PAPER_RECORDS = REPO / "data" / "paper-records"
@@ -119,7 +118,5 @@ def run(params, out_dir=None) -> dict:
         products += plotting.save_figure(fig, name, fdir, data)
     result = summary(inputs, params.bootstrap_draws)
     atomic_write_json(stage.file("summary.json"), result)
-    root = out_root(out_dir).resolve()
-    stage.finish(["summary.json"], {"products": {
-        p.resolve().relative_to(root).as_posix(): sha256_file(p) for p in sorted(set(products))}})
+    stage.finish(["summary.json"], {"products": product_digests(products, out_dir)})
     return result

@@ -55,7 +55,7 @@ def test_records_follow_the_published_schema(tiny_run):
 
 def _summarized(df):
     from replaylib import stats
-    return json.loads(json.dumps(stats.summarize(df), default=str))
+    return json.loads(json.dumps({**stats.summarize(df), **stats.text_numbers(df)}, default=str))
 
 
 def test_tables_figures_and_summary_hold_the_statistics_of_the_records(tiny_run):
@@ -71,14 +71,18 @@ def test_tables_figures_and_summary_hold_the_statistics_of_the_records(tiny_run)
     for label, df in [("tiny", recs), ("tiny batch-invariant", inv_recs)]:
         row = table.loc[label]
         assert row["n (common)"] == len(stats.common_set(stats.exclude_not_exact(df)[0])), label
-        assert (row["model"], row["K"], row["problems"]) == ("tiny:0", 2, df.problem_id.nunique()), label
+        n = df.problem_id.nunique()  # params/tiny.yaml: unscreened problems from index 0
+        assert (row["model"], row["K"], row["problems"]) == ("tiny:0", 2, f"primary 0-{n - 1}"), label
     # every table and figure the statistics stage wrote is in its manifest, with its hash
+    # (named relative to the out root, so a copied or moved run still verifies)
     products = json.loads((run / "04_statistics" / "manifest.json").read_text())["products"]
-    written = {str(p) for d in ("tables", "figures") for p in (tiny_run / d / "tiny").iterdir()}
-    assert set(products) == written - {str(tiny_run / "figures" / "tiny" / f"figS1_margins.{e}") for e in ("pdf", "png")}
-    assert all(rundir.sha256_file(p) == h for p, h in products.items())
+    written = {f"{d}/tiny/{p.name}" for d in ("tables", "figures") for p in (tiny_run / d / "tiny").iterdir()}
+    assert set(products) == written - {f"figures/tiny/figS1_margins.{e}" for e in ("pdf", "png", "csv")}
+    margins = json.loads((run / "02_pivot_mining" / "manifest.json").read_text())["products"]
+    assert set(margins) == {f"figures/tiny/figS1_margins.{e}" for e in ("pdf", "png", "csv")}  # stage 02's
+    assert all(rundir.sha256_file(tiny_run / p) == h for p, h in products.items())
     for name in ("fig1_quadrants", "fig2_configs", "fig3_logprob_ecdf"):
-        assert str(tiny_run / "figures" / "tiny" / f"{name}.pdf") in products
+        assert f"figures/tiny/{name}.pdf" in products and f"figures/tiny/{name}.csv" in products
     inv = json.loads((run / "05_batch_invariant" / "invariant.json").read_text())
     assert inv["all_identical"] is True and inv["pivots"] == len(inv_recs) > 0
 
@@ -90,7 +94,7 @@ def _verify(run, capsys):
 
 
 def test_verify_catches_a_changed_table(tiny_run, capsys):
-    table = tiny_run / "tables" / "tiny" / "tab4_bias.csv"  # its manifest names it by its absolute path
+    table = tiny_run / "tables" / "tiny" / "tab4_bias.csv"
     original = table.read_bytes()
     try:
         table.write_bytes(original + b"\n")
@@ -102,12 +106,8 @@ def test_verify_catches_a_changed_table(tiny_run, capsys):
 
 
 def test_verify_reads_products_named_relative_to_the_out_root(tiny_run, tmp_path, capsys):
-    copy = tmp_path / "copy"
+    copy = tmp_path / "copy"  # a moved run: its products are found relative to its own out root
     shutil.copytree(tiny_run, copy)
-    manifest_path = copy / "runs" / "tiny" / "04_statistics" / "manifest.json"
-    manifest = json.loads(manifest_path.read_text())
-    manifest["products"] = {str(Path(p).relative_to(tiny_run)): h for p, h in manifest["products"].items()}
-    manifest_path.write_text(json.dumps(manifest))
     assert rundir.verify_run(copy / "runs" / "tiny") == []
     (copy / "figures" / "tiny" / "fig2_configs.png").unlink()
     code, lines = _verify(copy / "runs" / "tiny", capsys)

@@ -79,9 +79,9 @@ token; EOS and special alternatives are skipped; at most `max_pivots_per_rollout
 earliest first (docs/protocol.md 3.2).
 
 Writes `runs/<config>/02_pivot_mining/pivots.parquet` and `margins.parquet`."""),
-        ("code", "from replaylib import pivots, plotting, sampling\nfrom replaylib.rundir import StageDir, figures_dir\n\npivot_table = pivots.run(P, OUT)\ntrunks, _, _ = sampling.load(P, OUT)\npivots.summary(pivot_table, trunks)"),
+        ("code", "from replaylib import pivots, plotting, sampling\nfrom replaylib.rundir import StageDir\n\npivot_table = pivots.run(P, OUT)\ntrunks, _, _ = sampling.load(P, OUT)\npivots.summary(pivot_table, trunks)"),
         ("md", "## Margins of every generated token\n\nMost tokens are confident; the pivots come from the low-margin tail left of the line."),
-        ("code", "margins = pd.read_parquet(StageDir(P, pivots.STAGE, OUT).path / \"margins.parquet\")\nfig, ax = plotting.margin_histogram(margins.margin, P.margin_threshold)\nplotting.save_figure(fig, \"figS1_margins\", figures_dir(P.config, OUT),\n                      plotting.margin_histogram_data(margins.margin, P.margin_threshold))\nfig"),
+        ("code", "# the stage saved this figure (figures/<config>/figS1_margins.*, in its manifest's products)\nmargins = pd.read_parquet(StageDir(P, pivots.STAGE, OUT).path / \"margins.parquet\")\nfig, ax = plotting.margin_histogram(margins.margin, P.margin_threshold)\nfig"),
         ("md", "## The pivots"),
         ("code", "pivot_table"),
     ],
