@@ -19,8 +19,8 @@ import logging
 import random
 
 import pandas as pd
-from tqdm.auto import tqdm
 
+from . import progress
 from .data import load_problems
 from .engine import ARMS, PassSettings, PivotJob, continuation_seed, make_engine, stable_seed
 from .grading import grade
@@ -116,6 +116,7 @@ def replay_problem(engine, jobs, pivots, state, state_ok: dict, gold, params, ma
     order = pass_order(params, int(pivots.problem_id.iloc[0])) if len(pivots) else list(params.passes)
     for name in order:
         outs[name] = {o.pivot_id: o for o in engine.run_pass(jobs, name, cfg, state)}
+        progress.update(len(jobs))
     records = []
     for job, pivot in zip(jobs, pivots.itertuples(index=False)):
         per = {name: outs[name][job.pivot_id] for name in params.passes}
@@ -140,13 +141,15 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
         engine = make_engine(params)
         log.info("config %s, stage %s, engine %s: %d problems to replay", params.config, STAGE,
                  engine.describe(), len(todo))
-        for pid in tqdm(todo, desc="problems replayed"):
+        bar = progress.bar(stage.path, "replay", len(pivots[pivots.problem_id.isin(todo)]) * len(params.passes), "pivot-pass")
+        for pid in todo:
             group = pivots[pivots.problem_id == pid]
             jobs = build_jobs(group, trunks[trunks.problem_id == pid], params.k)
             state, verified = engine.problem_state(stage.upstream(sampling.STAGE), int(pid), trunks)
             records = replay_problem(engine, jobs, group, state, verified, gold[pid], params)
             shard = pd.DataFrame(records)
             atomic_save(stage.file(f"shards/problem_{pid:05d}.parquet"), lambda tmp: shard.to_parquet(tmp, index=False))
+        bar.close()
     shards = [pd.read_parquet(stage.file(f"shards/problem_{pid:05d}.parquet")) for pid in pivots.problem_id.unique()]
     records = pd.concat(shards, ignore_index=True) if shards else pd.DataFrame()
     records["config"] = params.config

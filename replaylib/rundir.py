@@ -169,7 +169,7 @@ class StageDir:
         if recorded.exists() and json.loads(recorded.read_text()).get("key") != self.key:
             # results of other parameters must not be mixed with these (per-problem shards)
             for child in self.path.iterdir():
-                if child.name.endswith(".ipynb"):
+                if child.name.endswith(".ipynb") or child.name == "run.log":  # the runner writes both
                     continue
                 shutil.rmtree(child) if child.is_dir() else child.unlink()
         atomic_write_json(recorded, {"stage": self.stage, "key": self.key,
