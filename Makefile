@@ -2,6 +2,7 @@
 # make test           the test suite
 # make stage STAGE=03 CONFIG=embedded    rerun one stage (and whatever it needs)
 # make reproduce CONFIG=tiny             another params/<CONFIG>.yaml
+# make report CONFIG=embedded            the run's report site, site/<CONFIG>/index.html
 # Staleness is decided by replaylib.run from parameter hashes and code fingerprints,
 # so `make reproduce` twice runs nothing the second time.
 PYTHON ?= python3
@@ -11,11 +12,14 @@ CONFIG ?= embedded
 STAGE  ?=
 PIP_FLAGS ?=
 
-.PHONY: reproduce paper test stage setup model notebooks lab verify clean
+.PHONY: reproduce report paper test stage setup model notebooks lab verify clean
 
 reproduce: setup model
-	$(BIN)/python -m replaylib.run params/$(CONFIG).yaml
 	$(BIN)/python -m replaylib.run params/paper.yaml
+	$(BIN)/python -m replaylib.run params/$(CONFIG).yaml --html
+
+report: setup
+	$(BIN)/python -m replaylib.report --html runs/$(CONFIG)
 
 paper: setup
 	$(BIN)/python -m replaylib.run params/paper.yaml
@@ -42,11 +46,11 @@ notebooks: setup
 	$(BIN)/python tools/make_notebooks.py
 
 lab: setup
-	$(BIN)/python -m pip install -q jupyterlab==4.6.6
+	$(BIN)/python -m pip install -q jupyterlab==4.6.6 ipywidgets==8.1.9
 	$(BIN)/jupyter lab notebooks/
 
 verify: setup
 	$(BIN)/python -m replaylib.report --verify runs/$(CONFIG)
 
 clean:
-	rm -rf runs figures/*/ tables
+	rm -rf runs figures/*/ tables site

@@ -188,10 +188,10 @@ def pivots_in_context(pivots: pd.DataFrame, trunks: pd.DataFrame, pieces, before
         gen, i = list(t.gen_ids), int(p.gen_index)
         lp = dict(zip(list(t.topk_ids[i]), list(t.topk_logprobs[i])))
         actual, alt = pieces([p.actual, p.alt])
+        shown = lambda tok, text: f"{text!r} ({lp[tok]:.3f})" if tok in lp else f"{text!r} (not in the top-{len(lp)})"
         rows.append({"problem_id": p.problem_id, "rollout": p.rollout, "gen_index": i, "margin": p.margin,
-                     "before": "".join(pieces(gen[max(0, i - before):i])),
-                     "actual": f"{actual!r} ({lp.get(p.actual, float('nan')):.3f})",
-                     "alternative": f"{alt!r} ({lp.get(p.alt, float('nan')):.3f})",
+                     "before": "".join(pieces((list(t.prompt_ids) + gen[:i])[-before:])),
+                     "actual": shown(p.actual, actual), "alternative": shown(p.alt, alt),
                      "after (as sampled)": "".join(pieces(gen[i + 1:i + 1 + after]))})
     return pd.DataFrame(rows)
 
@@ -228,17 +228,17 @@ def pivot_prefix_html(record: pd.Series, trunks: pd.DataFrame, pieces, context: 
     """The last tokens of the prefix, then the actual and the alternative token at the pivot with their logprobs."""
     t = trunks[(trunks.problem_id == record.problem_id) & (trunks.rollout == record.rollout)].iloc[0]
     i, gen = int(record.gen_index), list(t.gen_ids)
-    lp = list(t.topk_logprobs[i])
-    ids = list(t.topk_ids[i])
+    lp = dict(zip(list(t.topk_ids[i]), list(t.topk_logprobs[i])))
     actual = gen[i]
-    alt = next(x for x in ids if x != actual)
+    alt = next(x for x in t.topk_ids[i] if x != actual)
     a_text, alt_text = pieces([actual, alt])
-    prefix = "".join(pieces(gen[max(0, i - context):i]))
+    prefix = "".join(pieces((list(t.prompt_ids) + gen[:i])[-context:]))
+    shown = lambda tok: f"{lp[tok]:.3f}" if tok in lp else f"not in the top-{len(lp)}"
     return (f"<p>problem {record.problem_id}, rollout {record.rollout}, generated token {i} (absolute position "
-            f"{record.abs_pos}), margin {record.margin:.3f}</p>"
-            f'<div style="white-space: pre-wrap; font-family: monospace">…{html.escape(prefix)}'
-            f"<mark>[actual {html.escape(repr(a_text))} {lp[ids.index(actual)]:.3f} | alternative "
-            f"{html.escape(repr(alt_text))} {lp[ids.index(alt)]:.3f}]</mark></div>")
+            f"{record.abs_pos}), margin {record.margin:.3f}; the prefix ends:</p>"
+            f'<div class="trunk" style="white-space: pre-wrap; font-family: monospace">…{html.escape(prefix)}'
+            f"<mark>[actual {html.escape(repr(a_text))} {shown(actual)} | alternative "
+            f"{html.escape(repr(alt_text))} {shown(alt)}]</mark></div>")
 
 
 def continuations(record: pd.Series, passes: list[str], trunks: pd.DataFrame, params, out_dir=None

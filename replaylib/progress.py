@@ -15,8 +15,6 @@ import os
 import time
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 FILE = "progress.json"
 RUNNER_ENV = "REPLAYLIB_RUNNER"
 WRITE_EVERY_S = 0.5
@@ -30,7 +28,12 @@ class Bar:
         self.path = Path(stage_dir) / FILE
         self.desc, self.total, self.unit, self.count_rows = desc, int(total), unit, count_rows
         self.n, self.n_tokens, self.started, self._written = 0, 0, time.time(), 0.0
-        self.tqdm = tqdm(total=self.total, desc=desc, unit=unit, disable=bool(os.environ.get(RUNNER_ENV)))
+        if os.environ.get(RUNNER_ENV):  # the runner draws the line; tqdm.auto would warn in a kernel without widgets
+            from tqdm import tqdm
+            self.tqdm = tqdm(total=self.total, disable=True)
+        else:
+            from tqdm.auto import tqdm
+            self.tqdm = tqdm(total=self.total, desc=desc, unit=unit)
         self._write(force=True)
 
     def update(self, n: int = 1) -> None:
