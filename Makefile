@@ -12,7 +12,7 @@ CONFIG ?= embedded
 STAGE  ?=
 PIP_FLAGS ?=
 
-.PHONY: reproduce report paper test stage setup model notebooks lab verify clean
+.PHONY: reproduce report paper test browser stage setup model notebooks lab verify clean
 
 reproduce: setup model
 	$(BIN)/python -m replaylib.run params/paper.yaml
@@ -24,8 +24,16 @@ report: setup
 paper: setup
 	$(BIN)/python -m replaylib.run params/paper.yaml
 
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest -q
+
+# the report site's browser test (tests/test_site.py) needs Chromium; installed here when run as root with
+# apt-get (CI), else the test skips and says why
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get update -qq >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1; } || \
+	  echo "chromium is not installed and cannot be installed here: the browser test will skip"
 
 stage: setup model
 	$(BIN)/python -m replaylib.run params/$(CONFIG).yaml $(STAGE)

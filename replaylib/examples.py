@@ -88,7 +88,8 @@ def invariant_verdict(config: str, out_dir=None) -> str:
     if row.empty:
         return "not run for this configuration"
     r = row.iloc[0]
-    return f"{r['configuration']}: n {r['n (common)']}, refeed {r['refeed (polarity)']}, floor {r['floor (polarity)']}"
+    return (f"Table 1 row '{r['configuration']}': n {r['n (common)']}, refeed {r['refeed (polarity)']}, "
+            f"floor {r['floor (polarity)']}")
 
 
 TABLE1_SHORT = ["configuration", "n (common)", "refeed (polarity)", "floor (polarity)", "excess pp", "t_clust"]

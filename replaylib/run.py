@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -131,7 +132,9 @@ class StageLine:
 
     def __init__(self, stage: str, stage_dir: Path, term):
         self.stage, self.stage_dir, self.tty = stage, stage_dir, term.isatty()
-        self.bar = tqdm(desc=stage, file=term, bar_format="{desc} [{elapsed}]", leave=True, dynamic_ncols=True)
+        # a terminal's width (a pty of unknown size reports 0: the fallback); a log file's lines are not cut
+        width = min(shutil.get_terminal_size((120, 24)).columns, 160) if self.tty else None
+        self.bar = tqdm(desc=stage, file=term, bar_format="{desc} [{elapsed}]", leave=True, ncols=width)
         self.last_draw = 0.0
 
     def poll(self, final: bool = False, failed: bool = False) -> None:
@@ -184,7 +187,10 @@ def execute(params: Params, stage: str, out_dir, show_progress: bool = False) ->
     if not show_progress:
         run_notebook()
     else:
-        os.environ[progress.RUNNER_ENV] = "1"  # the kernel inherits it: no bar inside the executed notebook
+        # the kernel inherits these: no bar of ours nor the hub's/transformers' inside the executed notebook
+        quiet_env = {progress.RUNNER_ENV: "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+        before = {k: os.environ.get(k) for k in quiet_env}
+        os.environ.update(quiet_env)
         try:
             with quiet(stage_dir / "run.log") as term:
                 line, stop, failed = StageLine(stage, stage_dir, term), threading.Event(), True
@@ -199,7 +205,8 @@ def execute(params: Params, stage: str, out_dir, show_progress: bool = False) ->
                     line.poll(final=True, failed=failed)
                     line.bar.close()
         finally:
-            os.environ.pop(progress.RUNNER_ENV, None)
+            for k, v in before.items():
+                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     atomic_write_json(stage_dir / "runner.json", {"code": code_fingerprint(stage), "seconds": round(time.time() - start, 1),
                                                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
     return output

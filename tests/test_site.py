@@ -191,3 +191,32 @@ window.addEventListener("load", () => {
                    capture_output=True, timeout=120)
     assert shot.exists() and shot.stat().st_size > 10_000
     print(f"screenshot of the report index: {shot}")
+
+
+def test_worked_examples_choose_the_pivot_and_find_sign_changes():
+    recs = pd.DataFrame({"problem_id": [0, 0, 1], "rollout": [0, 1, 0], "abs_pos": [5, 6, 7], "margin": [.1, .2, .3],
+                         "A_exact1": [0.5, 0.5, -0.5], "A_exact2": [0.5, 0.0, -0.5], "A_refeed": [0.5, -0.5, 0.5]})
+    assert examples.choose_pivot(recs) == 1  # the first where refeed changed the sign of A
+    assert examples.choose_pivot(recs, 2) == 2 and examples.choose_pivot(recs, 9) == 1
+    assert examples.choose_pivot(recs.iloc[[0]]) == 0
+    assert examples.sign_changes(recs).abs_pos.tolist() == [7]  # at 6 the replica changed sign too
+
+
+def test_continuation_texts_are_shown_when_the_records_keep_their_tokens(tiny_run):
+    out, _ = tiny_run
+    from replaylib import replay, sampling
+    tiny = load(REPO / "params" / "tiny.yaml")
+    records, (trunks, _, _) = replay.load(tiny, out), sampling.load(tiny, out)
+    record = records.iloc[0].copy()
+    passes = examples.passes_of(records)
+    assert examples.continuations(record, passes, trunks, tiny, out) is None  # this package's records: no tokens
+    trunk = trunks[(trunks.problem_id == record.problem_id) & (trunks.rollout == record.rollout)].iloc[0]
+    cont = [int(i) for i in trunk.gen_ids[record.gen_index + 1:record.gen_index + 4]]
+    for name in passes:
+        record[f"continuations_{name}"] = json.dumps({"actual": [cont, cont[:1]], "alt": [cont[:2], []]})
+    table = examples.continuations(record, passes, trunks, tiny, out)
+    assert len(table) == len(passes) * 2 * 2 and set(table.R) <= {0, 1}
+    tok = examples.tokenizer(tiny.model)
+    first = table.iloc[0]
+    assert (first["pass"], first.arm, first.k) == (passes[0], "actual", 0)
+    assert first.continuation == tok.decode([int(trunk.gen_ids[record.gen_index])] + cont, skip_special_tokens=True)
