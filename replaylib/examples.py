@@ -132,6 +132,19 @@ def _json(value):
     return json.loads(value) if isinstance(value, (str, bytes)) else value
 
 
+def _trunk_of(record, trunks: pd.DataFrame) -> pd.Series:
+    return trunks[(trunks.problem_id == record.problem_id) & (trunks.rollout == record.rollout)].iloc[0]
+
+
+def _forced(trunk: pd.Series, i: int) -> dict:
+    """The two arms' tokens at generated index i: the sampled one and the most likely other (stage 2's rule)."""
+    return {"actual": int(trunk.gen_ids[i]), "alt": int(next(x for x in trunk.topk_ids[i] if x != trunk.gen_ids[i]))}
+
+
+def _with_logprob(text: str, token: int, logprobs: dict) -> str:
+    return f"{text!r} ({logprobs[token]:.3f})" if token in logprobs else f"{text!r} (not in the top-{len(logprobs)})"
+
+
 def _sign(x: float) -> int:
     return int(x > 0) - int(x < 0)
 
@@ -189,10 +202,9 @@ def pivots_in_context(pivots: pd.DataFrame, trunks: pd.DataFrame, pieces, before
         gen, i = list(t.gen_ids), int(p.gen_index)
         lp = dict(zip(list(t.topk_ids[i]), list(t.topk_logprobs[i])))
         actual, alt = pieces([p.actual, p.alt])
-        shown = lambda tok, text: f"{text!r} ({lp[tok]:.3f})" if tok in lp else f"{text!r} (not in the top-{len(lp)})"
         rows.append({"problem_id": p.problem_id, "rollout": p.rollout, "gen_index": i, "margin": p.margin,
                      "before": "".join(pieces((list(t.prompt_ids) + gen[:i])[-before:])),
-                     "actual": shown(p.actual, actual), "alternative": shown(p.alt, alt),
+                     "actual": _with_logprob(actual, p.actual, lp), "alternative": _with_logprob(alt, p.alt, lp),
                      "after (as sampled)": "".join(pieces(gen[i + 1:i + 1 + after]))})
     return pd.DataFrame(rows)
 
@@ -227,19 +239,17 @@ def pass_table(record: pd.Series, passes: list[str], k: int, pieces) -> pd.DataF
 
 def pivot_prefix_html(record: pd.Series, trunks: pd.DataFrame, pieces, context: int = 40) -> str:
     """The last tokens of the prefix, then the actual and the alternative token at the pivot with their logprobs."""
-    t = trunks[(trunks.problem_id == record.problem_id) & (trunks.rollout == record.rollout)].iloc[0]
+    t = _trunk_of(record, trunks)
     i, gen = int(record.gen_index), list(t.gen_ids)
     lp = dict(zip(list(t.topk_ids[i]), list(t.topk_logprobs[i])))
-    actual = gen[i]
-    alt = next(x for x in t.topk_ids[i] if x != actual)
-    a_text, alt_text = pieces([actual, alt])
+    forced = _forced(t, i)
+    a_text, alt_text = pieces([forced["actual"], forced["alt"]])
     prefix = "".join(pieces((list(t.prompt_ids) + gen[:i])[-context:]))
-    shown = lambda tok: f"{lp[tok]:.3f}" if tok in lp else f"not in the top-{len(lp)}"
     return (f"<p>problem {record.problem_id}, rollout {record.rollout}, generated token {i} (absolute position "
             f"{record.abs_pos}), margin {record.margin:.3f}; the prefix ends:</p>"
             f'<div class="trunk" style="white-space: pre-wrap; font-family: monospace">…{html.escape(prefix)}'
-            f"<mark>[actual {html.escape(repr(a_text))} {shown(actual)} | alternative "
-            f"{html.escape(repr(alt_text))} {shown(alt)}]</mark></div>")
+            f"<mark>[actual {html.escape(_with_logprob(a_text, forced['actual'], lp))} | alternative "
+            f"{html.escape(_with_logprob(alt_text, forced['alt'], lp))}]</mark></div>")
 
 
 def continuations(record: pd.Series, passes: list[str], trunks: pd.DataFrame, params, out_dir=None
@@ -252,9 +262,9 @@ def continuations(record: pd.Series, passes: list[str], trunks: pd.DataFrame, pa
     tok = tokenizer(params.model)
     decode = (lambda ids: tok.decode(ids, skip_special_tokens=True)) if tok else (lambda ids: str(list(ids)))
     gold = gold_of(params, out_dir, int(record.problem_id))
-    t = trunks[(trunks.problem_id == record.problem_id) & (trunks.rollout == record.rollout)].iloc[0]
+    t = _trunk_of(record, trunks)
     gen, i = list(t.gen_ids), int(record.gen_index)
-    forced = {"actual": gen[i], "alt": next(x for x in t.topk_ids[i] if x != gen[i])}
+    forced = _forced(t, i)
     rows = []
     for name in passes:
         conts = _json(record[CONTINUATIONS.format(name)])

@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from unittest import mock
 
 from tqdm import tqdm
 
@@ -161,11 +162,11 @@ class StageLine:
             self.poll()
 
 
-def execute(params: Params, stage: str, out_dir, show_progress: bool = False) -> Path:
+def execute(params: Params, stage: str, out_dir) -> Path:
     """Run one stage's notebook with papermill; returns the executed notebook's path.
 
-    With show_progress, the kernel's and papermill's output goes to <stage dir>/run.log and the
-    stage's progress is drawn on the terminal (stderr) as one tqdm line."""
+    The kernel's and papermill's output goes to <stage dir>/run.log; the stage's progress is
+    drawn on the terminal (stderr) as one tqdm line."""
     import papermill
     declared = declared_parameters(stage)
     values = {**params.to_dict(), "out_dir": str(out_root(out_dir))}
@@ -179,34 +180,21 @@ def execute(params: Params, stage: str, out_dir, show_progress: bool = False) ->
     output = stage_dir / f"{stage}.ipynb"
     (stage_dir / progress.FILE).unlink(missing_ok=True)
     start = time.time()
-
-    def run_notebook():
-        papermill.execute_notebook(str(notebook(stage)), str(output), parameters=parameters, cwd=str(REPO),
-                                   kernel_name="python3", progress_bar=False, log_output=False)
-
-    if not show_progress:
-        run_notebook()
-    else:
-        # the kernel inherits these: no bar of ours nor the hub's/transformers' inside the executed notebook
-        quiet_env = {progress.RUNNER_ENV: "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-        before = {k: os.environ.get(k) for k in quiet_env}
-        os.environ.update(quiet_env)
+    # the kernel inherits the environment: no bar of ours, nor the hub's or transformers', inside the notebook
+    no_bars = {progress.RUNNER_ENV: "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    with mock.patch.dict(os.environ, no_bars), quiet(stage_dir / "run.log") as term:
+        line, stop, failed = StageLine(stage, stage_dir, term), threading.Event(), True
+        follower = threading.Thread(target=line.follow, args=(stop,), daemon=True)
+        follower.start()
         try:
-            with quiet(stage_dir / "run.log") as term:
-                line, stop, failed = StageLine(stage, stage_dir, term), threading.Event(), True
-                follower = threading.Thread(target=line.follow, args=(stop,), daemon=True)
-                follower.start()
-                try:
-                    run_notebook()
-                    failed = False
-                finally:
-                    stop.set()
-                    follower.join()
-                    line.poll(final=True, failed=failed)
-                    line.bar.close()
+            papermill.execute_notebook(str(notebook(stage)), str(output), parameters=parameters, cwd=str(REPO),
+                                       kernel_name="python3", progress_bar=False, log_output=False)
+            failed = False
         finally:
-            for k, v in before.items():
-                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+            stop.set()
+            follower.join()
+            line.poll(final=True, failed=failed)
+            line.bar.close()
     atomic_write_json(stage_dir / "runner.json", {"code": code_fingerprint(stage), "seconds": round(time.time() - start, 1),
                                                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
     return output
@@ -279,7 +267,7 @@ def main(argv=None) -> int:
     for stage, _ in todo:
         start = time.time()
         try:
-            execute(params, stage, args.out, show_progress=True)
+            execute(params, stage, args.out)
         except Exception as e:  # papermill raises with the cell's traceback; keep the console to a few lines
             ename = getattr(e, "ename", type(e).__name__)
             evalue = str(getattr(e, "evalue", e)).strip().splitlines()

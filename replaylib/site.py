@@ -55,15 +55,15 @@ def render_notebook(path: Path, title: str) -> str:
     return page(title, back + body + back, css)
 
 
-def _json(path: Path) -> dict:
+def _read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
 def stage_numbers(stage: str, d: Path, summary: dict | None) -> str:
     """A line of the numbers that say what a stage did, from its files."""
-    m = _json(d / "manifest.json")
+    m = _read_json(d / "manifest.json")
     if stage == "01_sampling":
-        p = _json(d / "problems.json")
+        p = _read_json(d / "problems.json")
         acc = pd.read_csv(d / "accuracy.csv") if (d / "accuracy.csv").exists() else None
         trunks = len(pd.read_parquet(d / "trunks.parquet", columns=["kept"])) if (d / "trunks.parquet").exists() else 0
         return (f"{len(p.get('kept', []))} problems kept of {len(p.get('scanned', []))} scanned, {trunks} trunks; "
@@ -74,7 +74,7 @@ def stage_numbers(stage: str, d: Path, summary: dict | None) -> str:
     if stage == "03_three_pass_replay":
         return f"{m.get('n_records', '-')} pivot records, {m.get('flagged_not_exact', '-')} flagged as not exact"
     if stage == "05_batch_invariant":
-        r = _json(d / "invariant.json")
+        r = _read_json(d / "invariant.json")
         return (f"{r.get('pivots', '-')} pivots; all passes identical on every channel: {r.get('all_identical')}"
                 if r else "-")
     if stage == "04_statistics" and summary:
@@ -97,7 +97,7 @@ def build(config: str, out_dir=None, example_pivot: int | None = None) -> Path:
     (tmp / "notebooks").mkdir()
     params = {}
     for s in done:
-        params.update(_json(runs / s / "params.json").get("params", {}))
+        params.update(_read_json(runs / s / "params.json").get("params", {}))
     P = make({**params, "config": config}, where=f"{runs}/*/params.json")
     if example_pivot is None:  # what the executed notebooks used (papermill records it)
         nb = runs / "03_three_pass_replay" / "03_three_pass_replay.ipynb"
@@ -138,7 +138,7 @@ def build(config: str, out_dir=None, example_pivot: int | None = None) -> Path:
         if nb.exists():
             (tmp / "notebooks" / f"{s}.html").write_text(render_notebook(nb, f"{config}: {s}"))
             link = f'<a href="notebooks/{s}.html">{s}.ipynb</a>'
-        seconds = _json(d / "runner.json").get("seconds", _json(d / "manifest.json").get("elapsed_s", "-"))
+        seconds = _read_json(d / "runner.json").get("seconds", _read_json(d / "manifest.json").get("elapsed_s", "-"))
         rows.append(f"<tr><td>{s}</td><td>{seconds}</td><td>{html.escape(stage_numbers(s, d, summary))}</td>"
                     f"<td>{link}</td></tr>")
     parts.append("<h2>Stages</h2><table><tr><th>stage</th><th>seconds</th><th>what it did</th>"
@@ -156,7 +156,7 @@ def build(config: str, out_dir=None, example_pivot: int | None = None) -> Path:
     parts.append("<h2>Manifests</h2>")
     mrows = []
     for s in done:
-        m = _json(runs / s / "manifest.json")
+        m = _read_json(runs / s / "manifest.json")
         git = m.get("git", {})
         mrows.append({"stage": s, "commit": git.get("commit"), "dirty": git.get("dirty"), "started": m.get("started"),
                       "versions": ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items()),
