@@ -2,6 +2,7 @@
 # make test           the test suite
 # make stage STAGE=03 CONFIG=embedded    rerun one stage (and whatever it needs)
 # make reproduce CONFIG=tiny             another params/<CONFIG>.yaml
+# make report CONFIG=embedded            the run's report site, site/<CONFIG>/index.html
 # Staleness is decided by replaylib.run from parameter hashes and code fingerprints,
 # so `make reproduce` twice runs nothing the second time.
 PYTHON ?= python3
@@ -11,17 +12,28 @@ CONFIG ?= embedded
 STAGE  ?=
 PIP_FLAGS ?=
 
-.PHONY: reproduce paper test stage setup model notebooks lab verify clean
+.PHONY: reproduce report paper test browser stage setup model notebooks lab verify clean
 
 reproduce: setup model
-	$(BIN)/python -m replaylib.run params/$(CONFIG).yaml
 	$(BIN)/python -m replaylib.run params/paper.yaml
+	$(BIN)/python -m replaylib.run params/$(CONFIG).yaml --html
+
+report: setup
+	$(BIN)/python -m replaylib.report --html runs/$(CONFIG)
 
 paper: setup
 	$(BIN)/python -m replaylib.run params/paper.yaml
 
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest -q
+
+# the report site's browser test (tests/test_site.py) needs Chromium; installed here when run as root with
+# apt-get (CI), else the test skips and says why
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get update -qq >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1; } || \
+	  echo "chromium is not installed and cannot be installed here: the browser test will skip"
 
 stage: setup model
 	$(BIN)/python -m replaylib.run params/$(CONFIG).yaml $(STAGE)
@@ -42,11 +54,11 @@ notebooks: setup
 	$(BIN)/python tools/make_notebooks.py
 
 lab: setup
-	$(BIN)/python -m pip install -q jupyterlab==4.6.6
+	$(BIN)/python -m pip install -q jupyterlab==4.6.6 ipywidgets==8.1.9
 	$(BIN)/jupyter lab notebooks/
 
 verify: setup
 	$(BIN)/python -m replaylib.report --verify runs/$(CONFIG)
 
 clean:
-	rm -rf runs figures/*/ tables
+	rm -rf runs figures/*/ tables site

@@ -1,8 +1,13 @@
 """replaylib: re-feeding vs replaying in counterfactual token-credit estimation."""
 import logging
+import os
 import sys
+import warnings
 
 __version__ = "0.1.0"
+
+if os.environ.get("REPLAYLIB_RUNNER"):  # a headless kernel of replaylib.run: no widget front end to install
+    warnings.filterwarnings("ignore", message="IProgress not found")
 
 
 def log_to_stdout(level: int = logging.INFO) -> None:

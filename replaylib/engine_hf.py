@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from . import progress
 from .engine import ARMS, PassSettings, PivotJob, PivotOutput, Trunk
 from .grading import answer_complete
 
@@ -241,6 +242,7 @@ class HFEngine:
                         states[b] = _row_state(cache, j)
                 else:
                     keep.append(j)
+            progress.tokens(len(active), len(active) - len(keep))
             if not keep:
                 break
             if len(keep) < len(active):

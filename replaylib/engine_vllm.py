@@ -61,6 +61,7 @@ import math
 import os
 import sys
 
+from . import progress
 from .engine import ARMS, EngineUnavailable, PassSettings, PivotJob, PivotOutput, Trunk, trunk_seed
 
 log = logging.getLogger("replaylib")
@@ -219,6 +220,7 @@ class VLLMEngine:
         # its prefix-cache blocks as given, so numpy ids never match the trunk's blocks (seen on the H200:
         # exact1 missed the cache on 15 of 21 pivots, exact2 then hit exact1's own numpy-hashed blocks)
         outs = self.llm.generate([{"prompt_token_ids": _ints(p)} for p in prompts], params, use_tqdm=False)
+        progress.tokens(sum(len(c.token_ids) for o in outs for c in o.outputs), len(outs))
         after = self._preemption_count()
         if len(outs) != len(prompts):
             raise RuntimeError(f"vLLM returned {len(outs)} outputs for {len(prompts)} requests ({label})")

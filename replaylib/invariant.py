@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from . import pivots as pivot_stage
+from . import progress
 from . import sampling
 from .data import load_problems
 from .engine import make_engine, trunk_seed
@@ -49,6 +49,7 @@ def run(params: Params, out_dir=None) -> dict:
     log.info("config %s, stage %s, engine %s", params.config, STAGE, engine.describe())
     prompts = {pid: engine.prompt_ids(problems[pid].question, params.instruction) for pid in chosen}
     seeds = {(pid, r): trunk_seed(pid, r) for pid in chosen for r in range(params.invariant_rollouts)}
+    progress.bar(stage.path, "trunks (invariant)", len(chosen) * params.invariant_rollouts, "trunk", count_rows=True)
     trunks, state = engine.sample_trunks(prompts, params.invariant_rollouts, seeds, params.temperature,
                                          params.top_p, params.invariant_max_trunk_tokens or params.max_trunk_tokens,
                                          params.top_logprobs)
@@ -64,7 +65,8 @@ def run(params: Params, out_dir=None) -> dict:
         raise pivot_stage.NoPivots(pivot_stage.no_pivot_message(params, STAGE) + " (or raise invariant_problems, "
                                    "invariant_rollouts, invariant_max_trunk_tokens)")
     records = []
-    for pid in tqdm(chosen, desc="problems (invariant)"):
+    bar = progress.bar(stage.path, "replay (invariant)", len(pivots) * len(params.passes), "pivot-pass")
+    for pid in chosen:
         group = pivots[pivots.problem_id == pid]
         if group.empty:
             continue
@@ -75,6 +77,7 @@ def run(params: Params, out_dir=None) -> dict:
             resident, verified = state[pid], {r: state[pid].verify(r) for r in state[pid]}
         records += replay_problem(engine, jobs, group, resident, verified, problems[pid].gold, params,
                                   max_tokens=params.invariant_max_cont_tokens)
+    bar.close()
     records = pd.DataFrame(records)
     records["config"] = f"{params.config} (invariant)"
     records = typed(records)

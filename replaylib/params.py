@@ -111,11 +111,19 @@ class Params:
     invariant_max_cont_tokens: int = _p("05_batch_invariant", 16, "continuation limit in invariant mode")
     invariant_max_trunk_tokens: int = _p("05_batch_invariant", 160, "trunk length limit in invariant mode (0 means "
                                                                      "max_trunk_tokens, as in the paper)")
+    # --- display only: in no stage's key, so changing it reruns nothing (rerun a stage with --force to redraw it)
+    example_pivot: int = _p("display", -1, "row of the replay records shown in the worked examples (-1: the first "
+                                            "where refeed changed the sign of A, else the first)")
 
     # ------------------------------------------------------------------
     @classmethod
     def names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def display_keys(cls) -> list[str]:
+        """Parameters that change what the notebooks show, not what the stages compute."""
+        return [f.name for f in dataclasses.fields(cls) if f.metadata["stage"] == "display"]
 
     @classmethod
     def stage_of(cls, name: str) -> str:
@@ -207,5 +215,5 @@ def load(path: str | Path) -> Params:
 
 def from_notebook(namespace: dict, stage: str) -> Params:
     """Params from a notebook's parameters cell: the declared names for this stage."""
-    keys = ["config"] + [k for k in Params.keys_for(stage) if k != "config"]
+    keys = ["config"] + [k for k in Params.keys_for(stage) if k != "config"] + Params.display_keys()
     return make({k: namespace[k] for k in keys if k in namespace}, where=f"notebook {stage}")

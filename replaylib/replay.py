@@ -19,8 +19,8 @@ import logging
 import random
 
 import pandas as pd
-from tqdm.auto import tqdm
 
+from . import progress
 from .data import load_problems
 from .engine import ARMS, PassSettings, PivotJob, continuation_seed, make_engine, stable_seed
 from .grading import grade
@@ -92,6 +92,9 @@ def pivot_record(job: PivotJob, pivot, outs: dict, wins: dict, estimates: dict, 
         for arm in ARMS:
             rec[f"wins_{name}_{arm}"] = int(sum(wins[name][arm]))
         rec[f"cont_tokens_{name}"] = sum(len(c) for arm in ARMS for c in out.continuations[arm])
+        # what estimate() graded, per arm: the K continuations' token ids (JSON text, as above)
+        rec[f"continuations_{name}"] = json.dumps({arm: [[int(t) for t in c] for c in out.continuations[arm]]
+                                                   for arm in ARMS})
     for name in passes[1:]:
         base, other = outs["exact1"], outs[name]
         rec[f"greedy_divergence_{name}"] = any(base.probe_ids[a] != other.probe_ids[a] for a in ARMS)
@@ -122,6 +125,7 @@ def replay_problem(engine, jobs, pivots, state, state_ok: dict, gold, params, ma
     order = pass_order(params, int(pivots.problem_id.iloc[0])) if len(pivots) else list(params.passes)
     for name in order:
         outs[name] = {o.pivot_id: o for o in engine.run_pass(jobs, name, cfg, state)}
+        progress.update(len(jobs))
     # a diagnostic, after the passes and in batches of its own: it must not change what they compute
     regenerates = engine.check_regeneration(jobs, cfg, state) if params.verify_regeneration else {}
     records = []
@@ -163,7 +167,8 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
         engine = make_engine(params)
         log.info("config %s, stage %s, engine %s: %d problems to replay", params.config, STAGE,
                  engine.describe(), len(todo))
-        for pid in tqdm(todo, desc="problems replayed"):
+        bar = progress.bar(stage.path, "replay", len(pivots[pivots.problem_id.isin(todo)]) * len(params.passes), "pivot-pass")
+        for pid in todo:
             group = pivots[pivots.problem_id == pid]
             jobs = build_jobs(group, trunks[trunks.problem_id == pid], params.k)
             state, verified = engine.problem_state(stage.upstream(sampling.STAGE), int(pid), trunks,
@@ -171,6 +176,7 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
             frame = typed(pd.DataFrame(replay_problem(engine, jobs, group, state, verified, gold[pid], params)))
             atomic_save(stage.file(shard[pid]), lambda tmp: frame.to_parquet(tmp, index=False))
             stage.add_shard(shard[pid])
+        bar.close()
     records = pd.concat([pd.read_parquet(stage.file(shard[pid])) for pid in shard], ignore_index=True)
     records["config"] = params.config
     atomic_save(stage.file("records.parquet"), lambda tmp: records.to_parquet(tmp, index=False))

@@ -2,6 +2,7 @@
 
     python -m replaylib.report --records FILE [FILE ...] --json OUT.json
     python -m replaylib.report --verify runs/<config>
+    python -m replaylib.report --html runs/<config>     (the report site: replaylib/site.py)
 
 Loads each records file (published JSON, or this package's .parquet / .jsonl), pools
 them (``records.pool``: files of different protocols, or a file repeating a
@@ -38,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="records files (.json published schema, .parquet, .jsonl), pooled")
     mode.add_argument("--verify", metavar="RUN_DIR",
                       help="re-check a run's output hashes against its stage manifests (runs/<config>)")
+    mode.add_argument("--html", metavar="RUN_DIR",
+                      help="build the run's report site, site/<config>/index.html beside runs/ (replaylib.site)")
     p.add_argument("--json", metavar="OUT.json", help="write the summary here (indent 2)")
     p.add_argument("--keep-flagged", action="store_true",
                    help="keep records with exact_ok == False (excluded by default)")
@@ -108,6 +111,10 @@ def main(argv=None) -> int:
             if args.json:
                 write_json_atomic(summary, args.json)
             print(human_summary(summary))
+        elif args.html is not None:
+            from replaylib import site
+            run_dir = Path(args.html).resolve()
+            print(site.build(run_dir.name, run_dir.parent.parent))
         else:
             from replaylib.rundir import verify_run
             problems = verify_run(args.verify)

@@ -1,4 +1,4 @@
-"""Run stage notebooks headless: python -m replaylib.run PARAMS.yaml [STAGE ...] [--force] [--out DIR]
+"""Run stage notebooks headless: python -m replaylib.run PARAMS.yaml [STAGE ...] [--force] [--out DIR] [--html]
 
 With no stage named, runs every stage that is missing or stale (its parameters, its
 notebook, a library module it imports directly or indirectly, or an upstream stage's
@@ -7,18 +7,32 @@ whatever of its upstream stages is missing or stale; --force recomputes every st
 runs, reusing no partial result. A stage killed midway resumes from its finished shards
 when nothing it depends on changed. Each stage is its notebook,
 executed by papermill into runs/<config>/<stage>/<stage>.ipynb with only the
-parameters that notebook declares.
+parameters that notebook declares. Options and stage names mix in any order.
+
+The terminal shows one progress line per stage (drawn from the progress file the stage
+writes, replaylib.progress); the kernel's and third-party output goes to
+runs/<config>/<stage>/run.log. At the end a short summary: what ran and how long, the
+run's Table 1 row beside the paper's, and where the tables, figures and report are.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import shutil
 import sys
+import threading
 import time
 from pathlib import Path
+from unittest import mock
 
+from tqdm import tqdm
+
+from . import progress
 from .params import RUN_ORDER, STAGES, Params, load
-from .rundir import REPO, StageDir, code_fingerprint, is_done, notebook_path, out_root
+from .rundir import (REPO, StageDir, atomic_write_json, code_fingerprint, figures_dir, is_done, notebook_path,
+                     out_root, tables_dir)
 
 ALIASES = {"sampling": "01_sampling", "pivots": "02_pivot_mining", "pivot_mining": "02_pivot_mining",
            "replay": "03_three_pass_replay", "statistics": "04_statistics", "stats": "04_statistics",
@@ -89,8 +103,65 @@ def plan(params: Params, named: list[str], force: bool, out_dir) -> list[tuple[s
     return [(s, todo[s]) for s in RUN_ORDER if s in todo]
 
 
+@contextlib.contextmanager
+def quiet(log_path: Path):
+    """Send everything written to file descriptors 1 and 2 (the kernel's warnings, third-party
+    messages) to log_path; yields a stream on the original stderr for the progress line."""
+    sys.stdout.flush(), sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    log = open(log_path, "w")
+    term = os.fdopen(os.dup(saved[1]), "w", buffering=1)
+    os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
+    try:
+        yield term
+    finally:
+        sys.stdout.flush(), sys.stderr.flush()
+        os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+        log.close(), term.close()
+
+
+class StageLine:
+    """The stage's one terminal line: a tqdm bar drawn from the progress file the stage writes."""
+
+    def __init__(self, stage: str, stage_dir: Path, term):
+        self.stage, self.stage_dir, self.tty = stage, stage_dir, term.isatty()
+        # a terminal's width (a pty of unknown size reports 0: the fallback); a log file's lines are not cut
+        width = min(shutil.get_terminal_size((120, 24)).columns, 160) if self.tty else None
+        self.bar = tqdm(desc=stage, file=term, bar_format="{desc} [{elapsed}]", leave=True, ncols=width)
+        self.last_draw = 0.0
+
+    def poll(self, final: bool = False, failed: bool = False) -> None:
+        state = progress.read(self.stage_dir)
+        if state and state.get("total"):
+            n, total = state["n"], state["total"]
+            now = time.time() if not state["done"] else state["updated"]
+            phase = max(now - state["started"], 1e-9)
+            extra = [f"{state['tokens']:,} tok, {state['tokens'] / phase:.1f} tok/s"] if state["tokens"] else []
+            if n and n < total and not final:
+                extra.insert(0, f"about {tqdm.format_interval(phase * (total - n) / n)} left")
+            self.bar.bar_format = ("{desc} {percentage:3.0f}%|{bar:20}| {n}/{total} " + state["unit"] + " [{elapsed}"
+                                   + "".join(f", {e}" for e in extra) + "]")
+            self.bar.total, self.bar.n = total, min(n, total)
+            self.bar.desc = f"{self.stage} {state['desc']}"
+        if failed:
+            self.bar.desc += " FAILED"
+        if final or self.tty or time.time() - self.last_draw > 30:  # a log file gets a line every 30 s
+            self.bar.refresh()
+            self.last_draw = time.time()
+
+    def follow(self, stop: threading.Event) -> None:
+        while not stop.wait(0.25):
+            self.poll()
+
+
 def execute(params: Params, stage: str, out_dir, fresh: bool = False) -> Path:
-    """Run one stage's notebook with papermill; returns the executed notebook's path."""
+    """Run one stage's notebook with papermill; returns the executed notebook's path.
+
+    The kernel's and papermill's output goes to <stage dir>/run.log; the stage's progress is
+    drawn on the terminal (stderr) as one tqdm line. fresh (--force, a named stage): recompute
+    everything, reusing no partial result."""
     import papermill
     declared = declared_parameters(stage)
     values = {**params.to_dict(), "out_dir": str(out_root(out_dir))}
@@ -104,9 +175,63 @@ def execute(params: Params, stage: str, out_dir, fresh: bool = False) -> Path:
     if fresh:  # --force or a named stage: recompute everything, reuse no partial result
         StageDir(params, stage, out_dir).clear()
     output = stage_dir / f"{stage}.ipynb"
-    papermill.execute_notebook(str(notebook(stage)), str(output), parameters=parameters, cwd=str(REPO),
-                               kernel_name="python3", progress_bar=False, log_output=False)
+    (stage_dir / progress.FILE).unlink(missing_ok=True)
+    start = time.time()
+    # the kernel inherits the environment: no bar of ours, nor the hub's or transformers', inside the notebook
+    no_bars = {progress.RUNNER_ENV: "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    with mock.patch.dict(os.environ, no_bars), quiet(stage_dir / "run.log") as term:
+        line, stop, failed = StageLine(stage, stage_dir, term), threading.Event(), True
+        follower = threading.Thread(target=line.follow, args=(stop,), daemon=True)
+        follower.start()
+        try:
+            papermill.execute_notebook(str(notebook(stage)), str(output), parameters=parameters, cwd=str(REPO),
+                                       kernel_name="python3", progress_bar=False, log_output=False)
+            failed = False
+        finally:
+            stop.set()
+            follower.join()
+            line.poll(final=True, failed=failed)
+            line.bar.close()
+    atomic_write_json(stage_dir / "runner.json", {"seconds": round(time.time() - start, 1),
+                                                  "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
     return output
+
+
+def shown(path: Path) -> str:
+    """A path as the user can type it: relative to the working directory when inside it."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def command(args) -> str:
+    return f"python -m replaylib.run {args.params}" + (f" --out {args.out}" if args.out else "")
+
+
+def closing_summary(params: Params, out_dir, ran: list[tuple[str, float]], site_index: Path | None) -> str:
+    """What ran, the run's headline numbers beside the paper's, and where the outputs are (read from files)."""
+    from . import examples
+    root = out_root(out_dir)
+    lines = [f"=== replaylib: config {params.config} " + "=" * max(3, 60 - len(params.config))]
+    if ran:
+        lines.append("ran        " + ", ".join(f"{s} {t:.0f} s" for s, t in ran) +
+                     f" (total {tqdm.format_interval(sum(t for _, t in ran))})")
+    else:
+        lines.append("ran        nothing: every stage was up to date")
+    try:
+        lines += examples.headline_block(params.config, root)
+    except FileNotFoundError as e:
+        lines.append(f"numbers    not available: {e}")
+    lines.append(f"tables     {shown(tables_dir(params.config, root))}/ (tab1_main.md is Table 1)")
+    lines.append(f"figures    {shown(figures_dir(params.config, root))}/")
+    lines.append(f"stages     {shown(root / 'runs' / params.config)}/<stage>/ (executed notebook, run.log, manifest.json)")
+    if site_index:
+        lines.append(f"report     {shown(site_index)}")
+    else:
+        lines.append(f"report     python -m replaylib.report --html {shown(root / 'runs' / params.config)}")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -116,7 +241,8 @@ def main(argv=None) -> int:
     ap.add_argument("--force", action="store_true", help="rerun the stages even if up to date")
     ap.add_argument("--out", default=None, help="root for runs/, figures/, tables/ (default: the repository)")
     ap.add_argument("--dry-run", action="store_true", help="say what would run, run nothing")
-    args = ap.parse_args(argv)
+    ap.add_argument("--html", action="store_true", help="then build the report site, site/<config>/index.html")
+    args = ap.parse_intermixed_args(argv)
     try:
         params = load(args.params)
         named = [resolve_stage(s) for s in args.stages]
@@ -124,26 +250,42 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if not todo:
-        print(f"[replaylib] config {params.config}: every stage is up to date")
-    for stage, reason in todo:
-        print(f"[replaylib] config {params.config}, stage {stage}: {'would run' if args.dry_run else 'running'} "
-              f"({reason})", flush=True)
-        if args.dry_run:
-            continue
+    runs = out_root(args.out) / "runs" / params.config
+    if args.dry_run:
+        for stage, reason in todo:
+            print(f"[replaylib] config {params.config}, stage {stage}: would run ({reason})")
+        if not todo:
+            print(f"[replaylib] config {params.config}: every stage is up to date")
+        return 0
+    if todo:
+        print(f"[replaylib] config {params.config}: running " + ", ".join(f"{s} ({r})" for s, r in todo) +
+              f"; each stage's log: {shown(runs)}/<stage>/run.log", flush=True)
+    ran = []
+    for stage, _ in todo:
         start = time.time()
         try:
-            output = execute(params, stage, args.out, fresh=args.force or reason == "named")
-        except Exception as e:  # papermill raises with the cell's traceback; keep the console to one line
+            execute(params, stage, args.out, fresh=args.force or reason == "named")
+        except Exception as e:  # papermill raises with the cell's traceback; keep the console to a few lines
             ename = getattr(e, "ename", type(e).__name__)
             evalue = str(getattr(e, "evalue", e)).strip().splitlines()
-            where = out_root(args.out) / "runs" / params.config / stage / f"{stage}.ipynb"
-            print(f"error: stage {stage} failed: {ename}: {evalue[-1] if evalue else ''} (see {where})",
-                  file=sys.stderr)
+            print("\n".join([
+                f"=== replaylib: config {params.config}: stage {stage} FAILED after {time.time() - start:.0f} s ===",
+                f"reason     {ename}: {evalue[-1] if evalue else ''}",
+                f"log        {shown(runs / stage / 'run.log')}",
+                f"notebook   {shown(runs / stage / f'{stage}.ipynb')} (the failing cell and its traceback)",
+                "before it  " + (", ".join(f"{s} {t:.0f} s" for s, t in ran) or "nothing ran"),
+                f"resume     {command(args)} (finished stages and replayed problems are kept)"]), file=sys.stderr)
             return 1
-        print(f"[replaylib] config {params.config}, stage {stage}: done in {time.time() - start:.0f} s -> "
-              f"{output.relative_to(out_root(args.out)) if output.is_relative_to(out_root(args.out)) else output}",
-              flush=True)
+        ran.append((stage, time.time() - start))
+    index = None
+    if args.html:
+        from . import site
+        try:
+            index = site.build(params.config, args.out)
+        except (ValueError, OSError) as e:
+            print(f"error: report site: {e}", file=sys.stderr)
+            return 1
+    print(closing_summary(params, args.out, ran, index), flush=True)
     return 0
 
 

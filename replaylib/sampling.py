@@ -12,8 +12,8 @@ import json
 import logging
 
 import pandas as pd
-from tqdm.auto import tqdm
 
+from . import progress
 from .data import load_problems
 from .engine import make_engine, trunk_seed
 from .grading import grade
@@ -50,11 +50,12 @@ def run(params: Params, out_dir=None) -> dict:
     log.info("config %s, stage %s, engine %s", params.config, STAGE, engine.describe())
     take = screen_batches(params, len(problems))
     accepted, rows, scanned, digests = [], [], [], {}
-    bar = tqdm(total=params.n_problems, desc="problems kept")
+    bar = progress.bar(stage.path, "trunks", 0, "trunk", count_rows=True)
     while len(accepted) < params.n_problems:
         batch = take(params.n_problems - len(accepted))
         if not batch:
             break
+        bar.add_total(len(batch) * params.n_rollouts)
         prompts = {pid: engine.prompt_ids(problems[pid].question, params.instruction) for pid in batch}
         seeds = {(pid, r): trunk_seed(pid, r) for pid in batch for r in range(params.n_rollouts)}
         trunks, state = engine.sample_trunks(prompts, params.n_rollouts, seeds, params.temperature, params.top_p,
@@ -72,7 +73,6 @@ def run(params: Params, out_dir=None) -> dict:
                              "finish_reason": t.finish_reason, "n_tokens": len(t.gen_ids)})
             if keep:
                 accepted.append(pid)
-                bar.update(1)
                 if state is not None:
                     from .engine_hf import save_state
                     save_state(state[pid], stage.file(f"state/problem_{pid:05d}.safetensors"))

@@ -23,7 +23,7 @@ def test_notebook_has_no_outputs_and_a_parameters_cell(stage):
         assert isinstance(node, ast.Assign) and len(node.targets) == 1
         values[node.targets[0].id] = ast.literal_eval(node.value)
     defaults = Params()
-    assert set(values) == {"config", "out_dir", *Params.keys_for(stage)}
+    assert set(values) == {"config", "out_dir", *Params.keys_for(stage), *Params.display_keys()}
     for name, value in values.items():
         if name != "out_dir":
             assert value == getattr(defaults, name), name
@@ -33,7 +33,7 @@ def test_notebook_has_no_outputs_and_a_parameters_cell(stage):
 def test_papermill_sees_every_parameter(stage):
     import papermill
     declared = papermill.inspect_notebook(str(REPO / "notebooks" / f"{stage}.ipynb"))
-    assert set(declared) == {"config", "out_dir", *Params.keys_for(stage)}
+    assert set(declared) == {"config", "out_dir", *Params.keys_for(stage), *Params.display_keys()}
 
 
 def test_notebooks_are_what_the_generator_writes():

@@ -31,6 +31,8 @@ def parameters_cell(stage: str):
         if own:
             lines.append(f"# {TITLES[owner]}")
             lines += [f"{k} = {getattr(defaults, k)!r}  # {fields[k].metadata['doc']}" for k in own]
+    lines.append("# display (in no stage's key: changing it reruns nothing)")
+    lines += [f"{k} = {getattr(defaults, k)!r}  # {fields[k].metadata['doc']}" for k in Params.display_keys()]
     assert all(line.count("=") <= 1 for line in lines if not line.startswith("#")), "papermill parses one '=' a line"
     cell = new_code_cell("\n".join(lines))
     cell.metadata["tags"] = ["parameters"]
@@ -161,13 +163,82 @@ Writes `runs/<config>/05_batch_invariant/records.parquet` and `invariant.json`."
 }
 
 
+# Worked examples (replaylib/examples.py; the report page shows the same), right after the stage's run call.
+EXAMPLES = {
+    "01_sampling": [
+        ("md", """## Worked example: one trunk and its margins
+
+The first kept trunk with a low-margin token. Every marked token had a raw top-1/top-2 logprob gap
+below `margin_threshold`: the model nearly chose another token there (hover for both candidates).
+These are the places where stage 2 mines pivots."""),
+        ("code", "from IPython.display import HTML\nfrom replaylib import examples\n\n"
+                 "trunks, _, _ = sampling.load(P, OUT)\npieces = examples.token_pieces(P.model)\n"
+                 "trunk = examples.example_trunk(trunks, P.margin_threshold)\n"
+                 "display(HTML(examples.trunk_html(trunk, pieces, P.margin_threshold)))\n"
+                 "margins = examples.trunk_margins(trunk, pieces)\nmargins[margins.margin < P.margin_threshold]"),
+    ],
+    "02_pivot_mining": [
+        ("md", """## Worked example: every pivot in context
+
+The text just before each pivot, the sampled (*actual*) token and the *alternative* with their raw
+logprobs, and what the trunk went on to write. Stage 3 forces each of the two tokens here."""),
+        ("code", "from replaylib import examples\n\npieces = examples.token_pieces(P.model)\n"
+                 "examples.pivots_in_context(pivot_table, trunks, pieces)"),
+    ],
+    "03_three_pass_replay": [
+        ("md", """## Worked example: one pivot through the passes
+
+The pivot is `example_pivot` (default: the first where re-feed changed the sign of A). Its prefix,
+the two forced tokens, then each pass: how many of the K continuations of each arm were graded
+correct, the resulting A, and the first token of each arm's greedy probe with its logprob.
+exact1 and exact2 resume the same decode-time state; refeed recomputes the prefix."""),
+        ("code", "from IPython.display import HTML\nfrom replaylib import examples, sampling\n\n"
+                 "trunks, _, _ = sampling.load(P, OUT)\npieces = examples.token_pieces(P.model)\n"
+                 "passes = examples.passes_of(records)\n"
+                 "chosen = records.iloc[examples.choose_pivot(records, example_pivot)]\n"
+                 "display(HTML(examples.pivot_prefix_html(chosen, trunks, pieces)))\n"
+                 "examples.pass_table(chosen, passes, P.k, pieces)"),
+        ("md", "Each pass's K continuations per arm, as text with their grades (R):"),
+        ("code", "texts = examples.continuations(chosen, passes, trunks, P, OUT)\n"
+                 "texts if texts is not None else Markdown(\n"
+                 "    \"These records keep each arm's number of correct continuations (`wins_<pass>_<arm>`), not the \"\n"
+                 "    \"continuations' tokens, so their text cannot be shown here.\")"),
+        ("md", "### Where re-feed changed the sign of A and the replica did not"),
+        ("code", "examples.sign_changes(records)"),
+        ("md", "### First-token logprob deltas of the greedy probes, per pass against exact1\n\n"
+               "0 means bit-identical; the replica should be 0 everywhere, re-feed need not be."),
+        ("code", "examples.first_token_deltas(records)"),
+    ],
+    "04_statistics": [
+        ("md", "## The headline\n\nComputed from `summary.json` (the common set: pivots where any pass has A != 0)."),
+        ("code", "from replaylib import examples\n\nMarkdown(examples.headline_sentence(summary[\"main\"]))"),
+    ],
+    "05_batch_invariant": [
+        ("md", """## Worked example: the same pivot, invariant
+
+The pivot of the stage 3 example when this stage mined it too (same problem, rollout and position;
+this stage samples its own trunks in invariant mode), else its first pivot: every pass gives the same
+wins, the same A and bit-identical probe logprobs."""),
+        ("code", "from replaylib import examples, replay\n\ninv = invariant.load(P, OUT)\n"
+                 "main = replay.load(P, OUT)\nchosen = main.iloc[examples.choose_pivot(main, example_pivot)] if len(main) else None\n"
+                 "row = inv.iloc[examples.invariant_example(inv, chosen)]\n"
+                 "print(f\"problem {row.problem_id}, rollout {row.rollout}, position {row.abs_pos}: identical in every pass: \"\n"
+                 "      f\"{examples.identical_in_every_pass(row, examples.passes_of(inv))}\")\n"
+                 "examples.pass_table(row, examples.passes_of(inv), P.k, examples.token_pieces(P.model))"),
+    ],
+}
+
+
 def build(stage: str):
     nb = new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
     body = BODY[stage]
     cells = [new_markdown_cell(body[0][1]), parameters_cell(stage), new_code_cell(SETUP.format(stage=stage))]
-    cells += [new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in body[1:]]
+    rest = [new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in body[1:]]
+    run_call = next(i for i, (kind, _) in enumerate(body[1:]) if kind == "code") + 1
+    cells += rest[:run_call] + [new_markdown_cell(src) if kind == "md" else new_code_cell(src)
+                                for kind, src in EXAMPLES[stage]] + rest[run_call:]
     for i, cell in enumerate(cells):  # stable ids: regenerating leaves unchanged notebooks unchanged
         cell.id = f"{stage[:2]}-{i:02d}"
     nb.cells = cells
