@@ -30,7 +30,7 @@ def replay_into(sampled: Path, dest: Path, **overrides) -> pd.DataFrame:
 
 
 def measured_columns(df: pd.DataFrame) -> list[str]:
-    prefixes = ("A_", "wins_", "cont_tokens_", "cont_diff_", "greedy_first_", "greedy_divergence_",
+    prefixes = ("A_", "wins_", "cont_tokens_", "continuations_", "cont_diff_", "greedy_first_", "greedy_divergence_",
                 "greedy_first_logprob_delta_")
     return [c for c in df.columns if c.startswith(prefixes)]
 
