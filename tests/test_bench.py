@@ -153,9 +153,20 @@ def test_paper_requests_are_counted_from_the_published_records():
         assert row["continuation_tokens"] == 3 * row["pivots"] * 2 * (row["k"] * 400 + 32)
     assert rows["paper-primary"]["problems"] == 20 and rows["paper-k16"]["k"] == 16
     projected = bench.project_campaign(list(rows.values()), tokens_per_s=1000.0, trunk_tokens_per_s=500.0,
-                                       startup_s=10.0)
-    r = projected[0]
-    assert r["projected_s"] == pytest.approx(r["continuation_tokens"] / 1000 + r["trunk_tokens"] / 500 + 20)
+                                       startup_s=10.0, warm_startup_s=4.0)
+    # the trunks are sampled once at the sampling rate (the replay's rate already includes regenerating them);
+    # the campaign's first start-up is cold, every later one warm
+    first, second = projected[0], projected[1]
+    assert first["trunk_tokens"] == 2 * first["trunks"] * 512
+    assert first["projected_s"] == pytest.approx(first["continuation_tokens"] / 1000 + first["trunks"] * 512 / 500 + 14)
+    assert second["projected_s"] == pytest.approx(second["continuation_tokens"] / 1000 + second["trunks"] * 512 / 500 + 8)
+
+
+def test_project_only_needs_no_gpu(capsys):
+    assert bench.main(["--workload", "paper7b", "--project-only", "--tokens-per-s", "1000", "--trunk-tokens-per-s",
+                       "500", "--startup-s", "10", "--warm-startup-s", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "paper-k16" in out and "seven configurations:" in out
 
 
 def test_qwen7b_config_sizes():
