@@ -1,5 +1,6 @@
 """The benchmark end to end on the tiny workload (tiny:0, seconds): report, last line, invariant check."""
 import re
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -135,3 +136,77 @@ def test_a_mismatch_in_invariant_mode_exits_nonzero(isolated_models, monkeypatch
     assert bench.main(["--workload", "tiny", "--naive-pivots", "1"]) == 1
     out = capsys.readouterr().out
     assert "invariant check: FAILED" in out and LAST.match(out.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------- paper7b (vLLM, 7B): logic against a stand-in
+def test_paper_requests_are_counted_from_the_published_records():
+    import json
+    from pathlib import Path
+    rows = {r["config"]: r for r in bench.paper_requests()}
+    assert sorted(rows) == sorted(bench.PAPER_CONFIG_RECORDS)
+    base = Path(bench.__file__).resolve().parents[1] / "data" / "paper-records"
+    for config, row in rows.items():
+        data = json.loads((base / bench.PAPER_CONFIG_RECORDS[config]).read_text())
+        assert row["pivots"] == data["aggregate"]["n_pivots"] == len(data["pivots"])
+        assert row["k"] == data["config"]["k"]
+        assert row["problems"] == len({p["problem_id"] for p in data["per_problem"]})
+        assert row["continuation_tokens"] == 3 * row["pivots"] * 2 * (row["k"] * 400 + 32)
+    assert rows["paper-primary"]["problems"] == 20 and rows["paper-k16"]["k"] == 16
+    projected = bench.project_campaign(list(rows.values()), tokens_per_s=1000.0, trunk_tokens_per_s=500.0,
+                                       startup_s=10.0, warm_startup_s=4.0)
+    # the trunks are sampled once at the sampling rate (the replay's rate already includes regenerating them);
+    # the campaign's first start-up is cold, every later one warm
+    first, second = projected[0], projected[1]
+    assert first["trunk_tokens"] == 2 * first["trunks"] * 512
+    assert first["projected_s"] == pytest.approx(first["continuation_tokens"] / 1000 + first["trunks"] * 512 / 500 + 14)
+    assert second["projected_s"] == pytest.approx(second["continuation_tokens"] / 1000 + second["trunks"] * 512 / 500 + 8)
+
+
+def test_project_only_needs_no_gpu(capsys):
+    assert bench.main(["--workload", "paper7b", "--project-only", "--tokens-per-s", "1000", "--trunk-tokens-per-s",
+                       "500", "--startup-s", "10", "--warm-startup-s", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "paper-k16" in out and "seven configurations:" in out
+
+
+def test_qwen7b_config_sizes():
+    from replaylib import models
+    cfg = models.QWEN25_7B_INSTRUCT_CONFIG
+    # Qwen2.5-7B-Instruct: 7.62e9 parameters; a step reads all but the input embedding table
+    assert models.weight_bytes_per_step(cfg) + 2 * cfg["vocab_size"] * cfg["hidden_size"] == 2 * 7_615_616_512
+    assert models.kv_bytes_per_token(cfg) == 2 * 28 * 4 * 128 * 2
+
+
+def test_paper7b_against_a_stand_in_llm(tmp_path, monkeypatch, capsys):
+    """The paper7b benchmark's orchestration on the vLLM engine's stand-in (tests/test_engine_vllm.py): every
+    exact request verified from the cache, the plain call carries the same requests, the last line."""
+    from tests.test_engine_vllm import FakeLLM, FakeSP
+
+    class SP(FakeSP):
+        def __init__(self, ignore_eos=False, **kw):
+            super().__init__(**kw)
+            self.ignore_eos = ignore_eos
+
+    fake = FakeLLM(block_size=4, num_gpu_blocks=100_000)
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(SamplingParams=SP, __version__="stand-in"))
+    monkeypatch.setattr(bench, "vllm_dummy_llm", lambda *a, **k: fake)
+    monkeypatch.setattr(bench, "PAPER7B", {**bench.PAPER7B, "rollouts": 2, "trunk_tokens": 24, "cont_tokens": 6,
+                                           "probe_tokens": 3, "prompt_tokens": 10, "block_size": 4})
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "cache"))
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    assert bench.main(["--device", "cuda", "--engine", "vllm", "--workload", "paper7b", "--problems", "2",
+                       "--out", str(tmp_path / "run")]) == 0
+    text = capsys.readouterr().out
+    lines = text.strip().splitlines()
+    ratio = re.match(r"^overhead_vs_plain_generate=(\S+)$", lines[-1])
+    assert ratio and float(ratio.group(1)) > 0
+    verified = re.search(r"verified from the cache on (\d+)/(\d+) pivot-passes", text)
+    assert verified and verified.group(1) == verified.group(2) and int(verified.group(2)) > 0
+    assert "seven configurations:" in text and "engine start-up:" in text and "memory-bandwidth bound" in text
+    assert (tmp_path / "run" / "qwen2.5-7b-instruct-config" / "config.json").is_file()
+    # the plain call: one generate with the trunk requests once and every pass's requests
+    plain_prompts, plain_params = fake.calls[-1]
+    replay_calls = fake.calls[2:-1]  # after the two problems' sampling calls
+    pass_requests = sum(len(p) for p, sps in replay_calls if sps[0].logprobs != 5)
+    assert len(plain_prompts) == 2 * 2 + pass_requests
+    assert all(getattr(sp, "ignore_eos", False) for _, sps in fake.calls for sp in sps)

@@ -389,3 +389,14 @@ def test_batch_invariant_flag_must_precede_the_vllm_import(monkeypatch):
     assert os.environ["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
     with pytest.raises(RuntimeError, match="stock engine"):
         prepare_environment(False, "c")
+
+
+def test_compile_cache_kept_under_the_run_directory(monkeypatch, tmp_path):
+    from replaylib.rundir import out_root
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
+    prepare_environment(False, "c")
+    assert os.environ["VLLM_CACHE_ROOT"] == str(out_root() / "runs" / ".vllm-cache")
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))  # the user's choice wins
+    prepare_environment(False, "c")
+    assert os.environ["VLLM_CACHE_ROOT"] == str(tmp_path)
