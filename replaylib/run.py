@@ -261,7 +261,7 @@ def main(argv=None) -> int:
         print(f"[replaylib] config {params.config}: running " + ", ".join(f"{s} ({r})" for s, r in todo) +
               f"; each stage's log: {shown(runs)}/<stage>/run.log", flush=True)
     ran = []
-    for stage, _ in todo:
+    for stage, reason in todo:
         start = time.time()
         try:
             execute(params, stage, args.out, fresh=args.force or reason == "named")
