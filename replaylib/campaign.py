@@ -274,10 +274,10 @@ def verdicts(c: Campaign, rows: dict) -> list[dict]:
     return [{"claim": claim, **dict(zip(("verdict", "detail"), _verdict(res)))} for claim, res in claims]
 
 
-def _cell(v):
+def _cell(v, quantity: str = ""):
     if v is None or (isinstance(v, float) and np.isnan(v)):
         return "-"
-    return f"{v:.2f}" if isinstance(v, float) else str(v)
+    return f"{v:.0f}" if quantity == "n (common)" else f"{v:.2f}"
 
 
 def comparison_markdown(c: Campaign, table: pd.DataFrame, claims: list[dict]) -> str:
@@ -287,8 +287,10 @@ def comparison_markdown(c: Campaign, table: pd.DataFrame, claims: list[dict]) ->
     lines += ["| row | published row | quantity | published | live | 95% CI (problems) | published inside |",
               "|---|---|---|---|---|---|---|"]
     for r in table.itertuples(index=False):
-        ci = "-" if r.ci95_low is None or pd.isna(r.ci95_low) else f"[{r.ci95_low:.2f}, {r.ci95_high:.2f}]"
-        lines.append(f"| {r.row} | {r[1]} | {r.quantity} | {_cell(r.published)} | {_cell(r.live)} | {ci} | {r[7]} |")
+        q = r.quantity
+        ci = ("-" if r.ci95_low is None or pd.isna(r.ci95_low) else
+              f"[{_cell(r.ci95_low, q)}, {_cell(r.ci95_high, q)}]")
+        lines.append(f"| {r.row} | {r[1]} | {q} | {_cell(r.published, q)} | {_cell(r.live, q)} | {ci} | {r[7]} |")
     lines += ["", "## The paper's claims, on the live records", ""]
     lines += [f"- {x['claim']}: **{x['verdict']}** ({x['detail']})" for x in claims]
     return "\n".join(lines) + "\n"
