@@ -379,6 +379,7 @@ def _run_config(c: Campaign, name: str, out_dir, force: bool, log_to_file: bool)
 
 def _start_ray(c: Campaign, workers: int) -> str:
     """A local Ray instance for every configuration's stages to join; returns its address."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no network: Ray's usage report stays off
     import ray
     ray.init(num_cpus=max(os.cpu_count() or 1, workers), include_dashboard=False, log_to_driver=False)
     return ray.get_runtime_context().gcs_address

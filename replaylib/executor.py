@@ -76,6 +76,7 @@ def _actor_class():
 
 def ensure_ray(params: Params) -> bool:
     """Connect to Ray; True when this call started a local instance (the caller shuts it down)."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no network: Ray's usage report stays off
     import ray
     if ray.is_initialized():
         return False
