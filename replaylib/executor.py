@@ -11,7 +11,7 @@ driver) writes every result itself, atomically, as before.
 ``executor: ray``: ``ray_workers`` actors, each owning one engine for its lifetime
 (``make_engine`` inside the actor, so the model loads once per actor); a unit runs wholly on
 one actor, so a problem's passes all run on the engine that holds its trunks. An actor that
-dies is restarted (``max_restarts=1``) and its unit retried once, on the next free actor; a
+dies is replaced by a fresh one and its unit retried once, on the next free actor; a
 unit whose worker dies twice stops the stage with a one-line error naming it. Errors raised
 by the unit's own code stop the stage as they would locally.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import deque
 
 from .engine import make_engine
@@ -60,7 +61,7 @@ def _crash_for(label: str, attempt: int) -> bool:
 def _actor_class():
     import ray
 
-    @ray.remote(max_restarts=1, max_task_retries=0)
+    @ray.remote(max_restarts=0, max_task_retries=0)
     class EngineActor:
         def __init__(self, overrides: dict, invariant: bool):
             from .params import make
@@ -108,8 +109,8 @@ class RayExecutor:
                    "runtime_env": {"env_vars": {"PYTHONPATH": os.pathsep.join(
                        [str(REPO)] + [p for p in [os.environ.get("PYTHONPATH", "")] if p])}}}
         actor = _actor_class()
-        self.actors = [actor.options(**options).remote(params.to_dict(), invariant)
-                       for _ in range(workers or params.ray_workers)]
+        self._new_actor = lambda: actor.options(**options).remote(params.to_dict(), invariant)
+        self.actors = [self._new_actor() for _ in range(workers or params.ray_workers)]
         log.info("ray executor: %d engine actor(s), %s GPU each", len(self.actors), options["num_gpus"])
 
     def call(self, fn, *args):
@@ -119,8 +120,9 @@ class RayExecutor:
     def map(self, fn, units: list[tuple[str, tuple]], ordered: bool = True):
         """Yield (label, result) per unit: in order, or as they finish (ordered=False)."""
         import ray
-        from ray.exceptions import RayActorError, RayTaskError
+        from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
         units = list(units)
+        waits = {}
         queue = deque((i, 0) for i in range(len(units)))
         free, pending, done, next_out = list(self.actors), {}, {}, 0
         while queue or pending:
@@ -136,8 +138,22 @@ class RayExecutor:
                 result = ray.get(ready[0])
             except RayTaskError as e:  # the unit's own error: as it would be raised locally
                 raise e.as_instanceof_cause() from None
+            except ActorUnavailableError:  # restarting after a death: the unit never ran there, so
+                free.append(actor)           # it is no attempt; wait, bounded by Ray declaring it dead
+                waits[i] = waits.get(i, 0) + 1
+                if waits[i] > 120:
+                    raise UnitFailed(f"{label}: its Ray worker stayed unavailable for 2 minutes; see the Ray "
+                                     f"logs (/tmp/ray/session_latest/logs)") from None
+                time.sleep(1)
+                queue.appendleft((i, attempt))
+                continue
             except RayActorError as e:
-                free.append(actor)  # restarted by Ray; the retry goes to the next free actor first
+                # a fresh actor (a new process, the model loaded again) replaces the dead one; the
+                # retry goes to the next free actor first
+                ray.kill(actor)
+                fresh = self._new_actor()
+                self.actors[self.actors.index(actor)] = fresh
+                free.append(fresh)
                 if attempt >= 1:
                     raise UnitFailed(f"{label} failed twice: its Ray worker died each time "
                                      f"({type(e).__name__}); see the Ray logs (/tmp/ray/session_latest/logs)") from None
