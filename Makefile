@@ -3,6 +3,8 @@
 # make stage STAGE=03 CONFIG=embedded    rerun one stage (and whatever it needs)
 # make reproduce CONFIG=tiny             another params/<CONFIG>.yaml
 # make report CONFIG=embedded            the run's report site, site/<CONFIG>/index.html
+# make campaign CAMPAIGN=paper           params/campaign-<CAMPAIGN>.yaml: its configurations, then its Table 1,
+#                                        Figures 1-3 and live-vs-published (ARGS="--executor ray" etc.)
 # Staleness is decided by replaylib.run from parameter hashes and code fingerprints,
 # so `make reproduce` twice runs nothing the second time.
 PYTHON ?= python3
@@ -10,9 +12,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= embedded
 STAGE  ?=
+CAMPAIGN ?= tiny
+ARGS   ?=
 PIP_FLAGS ?=
 
-.PHONY: reproduce report paper test browser stage setup model notebooks lab verify clean
+.PHONY: reproduce report paper campaign test browser stage setup model notebooks lab verify clean
 
 reproduce: setup model
 	$(BIN)/python -m replaylib.run params/paper.yaml
@@ -23,6 +27,11 @@ report: setup
 
 paper: setup
 	$(BIN)/python -m replaylib.run params/paper.yaml
+
+# the embedded model is fetched only by campaigns that use it (tiny and hub models need no fetch)
+campaign: setup
+	if grep -qs "^model: embedded" $$($(BIN)/python -m replaylib.campaign params/campaign-$(CAMPAIGN).yaml --list-params); then $(MAKE) model; fi
+	$(BIN)/python -m replaylib.campaign params/campaign-$(CAMPAIGN).yaml $(ARGS)
 
 test: setup browser
 	$(BIN)/python -m pytest -q

@@ -17,7 +17,8 @@ from . import pivots as pivot_stage
 from . import progress
 from . import sampling
 from .data import load_problems
-from .engine import make_engine, trunk_seed
+from .engine import trunk_seed
+from .executor import make_executor
 from .grading import grade
 from .params import Params
 from .replay import build_jobs, replay_problem, typed
@@ -40,24 +41,24 @@ def agreement(records: pd.DataFrame, passes: list[str]) -> dict:
             "all_identical": bool(n and same_a == same_probe == same_lp == same_cont == n)}
 
 
-def run(params: Params, out_dir=None) -> dict:
-    stage = StageDir(params, STAGE, out_dir).begin()
-    _, _, problem_info = sampling.load(params, out_dir)
-    chosen = problem_info["kept"][:params.invariant_problems]
-    problems = {p.problem_id: p for p in load_problems(params.task)}
-    engine = make_engine(params, invariant=True)
+def invariant_unit(engine, params: Params, chosen: list[tuple], stage_dir=None) -> tuple[dict, list[dict]]:
+    """Stage 05's one unit: sample the chosen problems (pid, question, gold) in invariant mode,
+    mine their pivots and run every pass; returns (engine description, records). Progress goes
+    to stage_dir's progress file (the runner's terminal line)."""
     log.info("config %s, stage %s, engine %s", params.config, STAGE, engine.describe())
-    prompts = {pid: engine.prompt_ids(problems[pid].question, params.instruction) for pid in chosen}
-    seeds = {(pid, r): trunk_seed(pid, r) for pid in chosen for r in range(params.invariant_rollouts)}
-    progress.bar(stage.path, "trunks (invariant)", len(chosen) * params.invariant_rollouts, "trunk", count_rows=True)
+    gold = {pid: g for pid, _, g in chosen}
+    prompts = {pid: engine.prompt_ids(question, params.instruction) for pid, question, _ in chosen}
+    seeds = {(pid, r): trunk_seed(pid, r) for pid in prompts for r in range(params.invariant_rollouts)}
+    if stage_dir is not None:
+        progress.bar(stage_dir, "trunks (invariant)", len(seeds), "trunk", count_rows=True)
     trunks, state = engine.sample_trunks(prompts, params.invariant_rollouts, seeds, params.temperature,
                                          params.top_p, params.invariant_max_trunk_tokens or params.max_trunk_tokens,
                                          params.top_logprobs)
     rows = [{"problem_id": t.problem_id, "rollout": t.rollout, "seed": t.seed, "prompt_ids": t.prompt_ids,
              "gen_ids": t.gen_ids,
              "topk_ids": t.topk_ids, "topk_logprobs": t.topk_logprobs,
-             "correct": grade(engine.decode(t.gen_ids), problems[pid].gold, params.task)}
-            for pid in chosen for t in trunks[pid]]
+             "correct": grade(engine.decode(t.gen_ids), gold[pid], params.task)}
+            for pid in prompts for t in trunks[pid]]
     trunks_df = pd.DataFrame(rows)
     pivots = pivot_stage.mine(trunks_df, params, engine.special_ids)
     pivots = pivots.groupby("problem_id").head(params.invariant_pivots).reset_index(drop=True)
@@ -65,8 +66,9 @@ def run(params: Params, out_dir=None) -> dict:
         raise pivot_stage.NoPivots(pivot_stage.no_pivot_message(params, STAGE) + " (or raise invariant_problems, "
                                    "invariant_rollouts, invariant_max_trunk_tokens)")
     records = []
-    bar = progress.bar(stage.path, "replay (invariant)", len(pivots) * len(params.passes), "pivot-pass")
-    for pid in chosen:
+    bar = progress.bar(stage_dir, "replay (invariant)", len(pivots) * len(params.passes), "pivot-pass") \
+        if stage_dir is not None else None
+    for pid in prompts:
         group = pivots[pivots.problem_id == pid]
         if group.empty:
             continue
@@ -75,13 +77,28 @@ def run(params: Params, out_dir=None) -> dict:
             resident, verified = engine.problem_state(None, pid, trunks_df)
         else:  # transformers: the decode-time state, still in memory (checked against its digests)
             resident, verified = state[pid], {r: state[pid].verify(r) for r in state[pid]}
-        records += replay_problem(engine, jobs, group, resident, verified, problems[pid].gold, params,
+        records += replay_problem(engine, jobs, group, resident, verified, gold[pid], params,
                                   max_tokens=params.invariant_max_cont_tokens)
-    bar.close()
+    if bar is not None:
+        bar.close()
+    return engine.describe(), records
+
+
+def run(params: Params, out_dir=None) -> dict:
+    stage = StageDir(params, STAGE, out_dir).begin()
+    _, _, problem_info = sampling.load(params, out_dir)
+    chosen = problem_info["kept"][:params.invariant_problems]
+    problems = {p.problem_id: p for p in load_problems(params.task)}
+    ex = make_executor(params, invariant=True, workers=1)
+    try:  # one unit: the chosen problems are sampled as one batch, and replayed on the engine that holds them
+        described, records = ex.call(invariant_unit, params, [(pid, problems[pid].question, problems[pid].gold)
+                                                              for pid in chosen], stage.path)
+    finally:
+        ex.close()
     records = pd.DataFrame(records)
     records["config"] = f"{params.config} (invariant)"
     records = typed(records)
-    report = {"engine": engine.describe(), **agreement(records, params.passes)}
+    report = {"engine": described, **agreement(records, params.passes)}
     atomic_save(stage.file("records.parquet"), lambda tmp: records.to_parquet(tmp, index=False))
     atomic_write_json(stage.file("invariant.json"), report)
     if not report["all_identical"]:

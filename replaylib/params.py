@@ -43,7 +43,12 @@ CHOICES = {
     "dtype": ["bfloat16", "float32", "float16"],
     "records": ["run", "published"],
     "pass_order": ["fixed", "shuffled"],
+    "executor": ["local", "ray"],
 }
+# where a stage's units of work run: owned by no stage, so in no stage key (results never depend on it);
+# the stages that start engines declare them in their notebooks
+EXECUTOR_KEYS = ["executor", "ray_address", "ray_workers", "gpus_per_worker"]
+EXECUTOR_STAGES = ["01_sampling", "03_three_pass_replay", "05_batch_invariant"]
 
 
 def _p(stage: str, default, doc: str):
@@ -58,6 +63,11 @@ def _l(stage: str, default: list, doc: str):
 class Params:
     # --- 01 sampling: model, engine, task, trunks
     config: str = _p("run", "embedded", "run name: outputs go to runs/<config>/, figures/<config>/, tables/<config>/")
+    # --- where the work runs (replaylib/executor.py): in no stage key
+    executor: str = _p("executor", "local", "local (one engine in the stage's process) or ray (engines on Ray actors)")
+    ray_address: str = _p("executor", "", "ray: empty starts a local Ray instance; auto or HOST:PORT joins a cluster")
+    ray_workers: int = _p("executor", 1, "ray: engines (actors) to start, each loaded once")
+    gpus_per_worker: float = _p("executor", 1.0, "ray: GPUs per engine on CUDA (more: tensor parallel; fractions share)")
     task: str = _p("01_sampling", "gsm8k", "task family: gsm8k or math500")
     model: str = _p("01_sampling", "embedded:qwen2.5-coder-0.5b-instruct",
                     "embedded:NAME, tiny[:SEED], a local model directory, or a hub id (GPU users)")
@@ -189,6 +199,9 @@ def make(overrides: dict, where: str = "parameters") -> Params:
             raise ValueError(f"{where}: unknown parameter '{name}' ({hint})")
         clean[name] = _check_type(name, value, where)
     params = Params(**clean)
+    if params.ray_workers < 1 or params.gpus_per_worker <= 0:
+        bad = "ray_workers" if params.ray_workers < 1 else "gpus_per_worker"
+        raise ValueError(f"{where}: parameter '{bad}' is {getattr(params, bad)!r}; it must be positive")
     if params.engine == "vllm" and params.stop_at_answer:
         raise ValueError(f"{where}: parameter 'stop_at_answer' is true, which the vllm engine does not implement "
                          f"(its continuations run to EOS or max_cont_tokens, as in the paper); set stop_at_answer: false")
@@ -213,7 +226,14 @@ def load(path: str | Path) -> Params:
     return make(data, where=str(path))
 
 
+def notebook_keys(stage: str) -> list[str]:
+    """The parameters a stage's notebook declares: config, the executor's where it starts engines, its keys,
+    and the display-only ones."""
+    return (["config"] + (EXECUTOR_KEYS if stage in EXECUTOR_STAGES else [])
+            + [k for k in Params.keys_for(stage) if k != "config"] + Params.display_keys())
+
+
 def from_notebook(namespace: dict, stage: str) -> Params:
     """Params from a notebook's parameters cell: the declared names for this stage."""
-    keys = ["config"] + [k for k in Params.keys_for(stage) if k != "config"] + Params.display_keys()
+    keys = notebook_keys(stage)
     return make({k: namespace[k] for k in keys if k in namespace}, where=f"notebook {stage}")

@@ -22,7 +22,8 @@ import pandas as pd
 
 from . import progress
 from .data import load_problems
-from .engine import ARMS, PassSettings, PivotJob, continuation_seed, make_engine, stable_seed
+from .engine import ARMS, PassSettings, PivotJob, continuation_seed, stable_seed
+from .executor import make_executor
 from .grading import grade
 from .params import Params
 from .rundir import StageDir, atomic_save
@@ -147,6 +148,14 @@ def typed(records: pd.DataFrame) -> pd.DataFrame:
     return records
 
 
+def replay_unit(engine, params: Params, pid: int, group: pd.DataFrame, trunks: pd.DataFrame, sampling_dir,
+                digests: dict | None, gold: str) -> pd.DataFrame:
+    """One unit of stage 03: every pass over one problem's pivots, on the engine that loads its trunks."""
+    jobs = build_jobs(group, trunks, params.k)
+    state, verified = engine.problem_state(sampling_dir, pid, trunks, digests)
+    return typed(pd.DataFrame(replay_problem(engine, jobs, group, state, verified, gold, params)))
+
+
 def run(params: Params, out_dir=None) -> pd.DataFrame:
     """Replay every pivot; writes shards/problem_*.parquet, then records.parquet.
 
@@ -164,19 +173,24 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
     shard = {pid: f"shards/problem_{pid:05d}.parquet" for pid in pivots.problem_id.unique()}
     todo = [pid for pid in shard if not stage.has_shard(shard[pid])]
     if todo:
-        engine = make_engine(params)
-        log.info("config %s, stage %s, engine %s: %d problems to replay", params.config, STAGE,
-                 engine.describe(), len(todo))
-        bar = progress.bar(stage.path, "replay", len(pivots[pivots.problem_id.isin(todo)]) * len(params.passes), "pivot-pass")
-        for pid in todo:
-            group = pivots[pivots.problem_id == pid]
-            jobs = build_jobs(group, trunks[trunks.problem_id == pid], params.k)
-            state, verified = engine.problem_state(stage.upstream(sampling.STAGE), int(pid), trunks,
-                                                   digests.get(int(pid)))
-            frame = typed(pd.DataFrame(replay_problem(engine, jobs, group, state, verified, gold[pid], params)))
-            atomic_save(stage.file(shard[pid]), lambda tmp: frame.to_parquet(tmp, index=False))
-            stage.add_shard(shard[pid])
-        bar.close()
+        ex = make_executor(params)
+        log.info("config %s, stage %s, executor %s: %d problems to replay", params.config, STAGE, ex.name, len(todo))
+        units = [(f"{STAGE} problem {pid}",
+                  (params, int(pid), pivots[pivots.problem_id == pid], trunks[trunks.problem_id == pid],
+                   stage.upstream(sampling.STAGE), digests.get(int(pid)), gold[pid])) for pid in todo]
+        try:
+            n_jobs = {pid: int((pivots.problem_id == pid).sum()) * len(params.passes) for pid in todo}
+            bar = progress.bar(stage.path, "replay", sum(n_jobs.values()), "pivot-pass")
+            pid_of = {label: pid for (label, _), pid in zip(units, todo)}
+            for label, frame in ex.map(replay_unit, units, ordered=False):  # written as they finish
+                pid = pid_of[label]
+                atomic_save(stage.file(shard[pid]), lambda tmp: frame.to_parquet(tmp, index=False))
+                stage.add_shard(shard[pid])
+                if ex.name != "local":  # a local engine counts its passes as it runs them (replay_problem)
+                    bar.update(n_jobs[pid])
+            bar.close()
+        finally:
+            ex.close()
     records = pd.concat([pd.read_parquet(stage.file(shard[pid])) for pid in shard], ignore_index=True)
     records["config"] = params.config
     atomic_save(stage.file("records.parquet"), lambda tmp: records.to_parquet(tmp, index=False))

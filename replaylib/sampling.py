@@ -15,7 +15,8 @@ import pandas as pd
 
 from . import progress
 from .data import load_problems
-from .engine import make_engine, trunk_seed
+from .engine import trunk_seed
+from .executor import make_executor
 from .grading import grade
 from .params import Params
 from .rundir import StageDir, atomic_save, atomic_write_json
@@ -42,41 +43,80 @@ def screen_batches(params: Params, n_total: int):
     return take
 
 
+def batch_wave(params: Params, take, still_needed: int) -> list[list[int]]:
+    """The next batches to sample, as they would be taken one by one: with the screen, one batch
+    (how many the next one scans depends on how many this one keeps); without it every batch at
+    once (all are kept), so an executor with several engines samples them side by side."""
+    if params.screen_mixed:
+        return [b for b in [take(still_needed)] if b]
+    wave = []
+    while still_needed > 0 and (batch := take(still_needed)):
+        wave.append(batch)
+        still_needed -= len(batch)
+    return wave
+
+
+def engine_info(engine) -> dict:
+    """What engine.json records about the engine (run on the engine, wherever it lives)."""
+    return {"engine": engine.describe(), "stop_ids": sorted(engine.stop_ids),
+            "special_ids": sorted(engine.special_ids), "block_size": getattr(engine, "block_size", None)}
+
+
+def sample_batch(engine, params: Params, batch: list[tuple]) -> tuple[dict, dict | None]:
+    """One unit of stage 01: the trunks of one batch of problems (pid, question, gold), graded.
+    Returns ({pid: prompt, trunks, correct, texts}, decode-time state by problem or None)."""
+    prompts = {pid: engine.prompt_ids(question, params.instruction) for pid, question, _ in batch}
+    seeds = {(pid, r): trunk_seed(pid, r) for pid in prompts for r in range(params.n_rollouts)}
+    trunks, state = engine.sample_trunks(prompts, params.n_rollouts, seeds, params.temperature, params.top_p,
+                                         params.max_trunk_tokens, params.top_logprobs)
+    out = {}
+    for pid, _, gold in batch:
+        texts = [engine.decode(t.gen_ids) for t in trunks[pid]]
+        out[pid] = {"prompt": prompts[pid], "trunks": trunks[pid], "texts": texts,
+                    "correct": [grade(text, gold, params.task) for text in texts]}
+    return out, state
+
+
 def run(params: Params, out_dir=None) -> dict:
     """Sample, grade and screen trunks; write problems.json, trunks.parquet, state/, accuracy.csv."""
     stage = StageDir(params, STAGE, out_dir).begin()
     problems = load_problems(params.task)
-    engine = make_engine(params)
-    log.info("config %s, stage %s, engine %s", params.config, STAGE, engine.describe())
-    take = screen_batches(params, len(problems))
-    accepted, rows, scanned, digests = [], [], [], {}
-    bar = progress.bar(stage.path, "trunks", 0, "trunk", count_rows=True)
-    while len(accepted) < params.n_problems:
-        batch = take(params.n_problems - len(accepted))
-        if not batch:
-            break
-        bar.add_total(len(batch) * params.n_rollouts)
-        prompts = {pid: engine.prompt_ids(problems[pid].question, params.instruction) for pid in batch}
-        seeds = {(pid, r): trunk_seed(pid, r) for pid in batch for r in range(params.n_rollouts)}
-        trunks, state = engine.sample_trunks(prompts, params.n_rollouts, seeds, params.temperature, params.top_p,
-                                             params.max_trunk_tokens, params.top_logprobs)
-        for pid in batch:
-            correct = [grade(engine.decode(t.gen_ids), problems[pid].gold, params.task) for t in trunks[pid]]
-            accuracy = sum(correct) / len(correct)
-            keep = len(accepted) < params.n_problems and (not params.screen_mixed or 0 < accuracy < 1)
-            scanned.append({"problem_id": pid, "gold": problems[pid].gold, "trunk_accuracy": accuracy,
-                            "kept": keep, "prompt_tokens": len(prompts[pid])})
-            for t, ok in zip(trunks[pid], correct):
-                rows.append({"problem_id": pid, "rollout": t.rollout, "seed": t.seed, "kept": keep,
-                             "prompt_ids": t.prompt_ids, "gen_ids": t.gen_ids, "topk_ids": t.topk_ids,
-                             "topk_logprobs": t.topk_logprobs, "text": engine.decode(t.gen_ids), "correct": ok,
-                             "finish_reason": t.finish_reason, "n_tokens": len(t.gen_ids)})
-            if keep:
-                accepted.append(pid)
-                if state is not None:
-                    from .engine_hf import save_state
-                    save_state(state[pid], stage.file(f"state/problem_{pid:05d}.safetensors"))
-                    digests[str(pid)] = {str(r): d for r, d in state[pid].expected.items()}
+    ex = make_executor(params)
+    try:
+        info = ex.call(engine_info)
+        log.info("config %s, stage %s, engine %s (executor %s)", params.config, STAGE, info["engine"], ex.name)
+        take = screen_batches(params, len(problems))
+        accepted, rows, scanned, digests = [], [], [], {}
+        # a local engine advances the line as its trunks finish; Ray actors' trunks are counted as batches return
+        bar = progress.bar(stage.path, "trunks", 0, "trunk", count_rows=ex.name == "local")
+        while len(accepted) < params.n_problems:
+            wave = batch_wave(params, take, params.n_problems - len(accepted))
+            if not wave:
+                break
+            units = [(f"{STAGE} batch of problems {b[0]}-{b[-1]}",
+                      (params, [(pid, problems[pid].question, problems[pid].gold) for pid in b])) for b in wave]
+            bar.add_total(sum(len(b) for b in wave) * params.n_rollouts)
+            for _, (sampled, state) in ex.map(sample_batch, units):
+                if ex.name != "local":
+                    bar.update(sum(len(got["trunks"]) for got in sampled.values()))
+                for pid, got in sampled.items():
+                    accuracy = sum(got["correct"]) / len(got["correct"])
+                    keep = len(accepted) < params.n_problems and (not params.screen_mixed or 0 < accuracy < 1)
+                    scanned.append({"problem_id": pid, "gold": problems[pid].gold, "trunk_accuracy": accuracy,
+                                    "kept": keep, "prompt_tokens": len(got["prompt"])})
+                    for t, ok, text in zip(got["trunks"], got["correct"], got["texts"]):
+                        rows.append({"problem_id": pid, "rollout": t.rollout, "seed": t.seed, "kept": keep,
+                                     "prompt_ids": t.prompt_ids, "gen_ids": t.gen_ids, "topk_ids": t.topk_ids,
+                                     "topk_logprobs": t.topk_logprobs, "text": text, "correct": ok,
+                                     "finish_reason": t.finish_reason, "n_tokens": len(t.gen_ids)})
+                    if keep:
+                        accepted.append(pid)
+                        if state is not None:
+                            from .engine_hf import save_state
+                            save_state(state[pid], stage.file(f"state/problem_{pid:05d}.safetensors"))
+                            digests[str(pid)] = {str(r): d for r, d in state[pid].expected.items()}
+    finally:
+        ex.close()
     bar.close()
     if len(accepted) < params.n_problems:
         log.warning("kept %d of %d problems after scanning %d (scan_limit %d)", len(accepted), params.n_problems,
@@ -88,15 +128,13 @@ def run(params: Params, out_dir=None) -> dict:
     accuracy = pd.DataFrame(scanned)
     atomic_save(stage.file("trunks.parquet"), lambda tmp: trunks_df.to_parquet(tmp, index=False))
     atomic_save(stage.file("accuracy.csv"), lambda tmp: accuracy.to_csv(tmp, index=False))
-    info = {**engine.describe(), "stop_ids": sorted(engine.stop_ids), "special_ids": sorted(engine.special_ids),
-            "block_size": getattr(engine, "block_size", None)}
-    atomic_write_json(stage.file("engine.json"), info)
+    atomic_write_json(stage.file("engine.json"), {**info["engine"], **{k: v for k, v in info.items() if k != "engine"}})
     atomic_write_json(stage.file("problems.json"), {"kept": accepted, "scanned": scanned})
     outputs = ["trunks.parquet", "accuracy.csv", "engine.json", "problems.json"]
     outputs += sorted(str(p.relative_to(stage.path)) for p in (stage.path / "state").glob("*.safetensors"))
     # the digest of every decode-time state, taken when it was produced: the replay stage checks the
     # tensors it resumes against these, not against the saved file's own metadata
-    stage.finish(outputs, {"engine": engine.describe(), "state_digests": digests})
+    stage.finish(outputs, {"engine": info["engine"], "state_digests": digests})
     return {"kept": accepted, "scanned": len(scanned), "trunk_accuracy": float(trunks_df["correct"].mean()),
             "kept_accuracy": float(trunks_df[trunks_df.kept]["correct"].mean())}
 

@@ -11,7 +11,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from replaylib.params import STAGES, Params  # noqa: E402
+from replaylib.params import EXECUTOR_KEYS, EXECUTOR_STAGES, STAGES, Params  # noqa: E402
 
 TITLES = {"01_sampling": "01 sampling", "02_pivot_mining": "02 pivot mining",
           "03_three_pass_replay": "03 three-pass replay", "04_statistics": "04 statistics",
@@ -25,6 +25,9 @@ def parameters_cell(stage: str):
              "# `python -m replaylib.run PARAMS.yaml` or papermill -p overrides them.",
              f"config = {defaults.config!r}  # {fields['config'].metadata['doc']}",
              'out_dir = ""  # root of runs/, figures/ and tables/ (empty: the repository)']
+    if stage in EXECUTOR_STAGES:  # where the engines run: in no stage key (replaylib/executor.py)
+        lines.append("# executor")
+        lines += [f"{k} = {getattr(defaults, k)!r}  # {fields[k].metadata['doc']}" for k in EXECUTOR_KEYS]
     keys = Params.keys_for(stage)
     for owner in STAGES:
         own = [k for k in keys if fields[k].metadata["stage"] == owner]
@@ -227,9 +230,57 @@ wins, the same A and bit-identical probe logprobs."""),
                  "examples.pass_table(row, examples.passes_of(inv), P.k, examples.token_pieces(P.model))"),
     ],
 }
+CAMPAIGN = "06_campaign"
+CAMPAIGN_BODY = [
+    ("md", """# 06 campaign: the paper's items from live runs
+
+A campaign file (`params/campaign-*.yaml`) composes configurations into the paper's Table 1 rows
+(pooled as the paper pooled them), its batch-invariant row (one configuration's stage 5), Figure 1's
+row and Figure 3's pooled runs, and names the published row each one is compared with.
+`python -m replaylib.campaign CAMPAIGN.yaml` runs every configuration's stale stages, then this
+notebook, which writes `tables/campaign-<name>/` (`tab1_main`, `live_vs_published`) and
+`figures/campaign-<name>/` (Figures 1-3 with their data as CSV), and records its inputs (each
+row's records, sha256) and products in `runs/campaign-<name>/manifest.json`.
+
+`live_vs_published` sets every Table 1 quantity of every row, published (computed from
+data/paper-records) beside live (with a 95% problem-bootstrap interval), then one verdict per claim
+of the paper."""),
+    ("code", "import pandas as pd\nfrom IPython.display import Image, Markdown, display\n\nimport replaylib\n"
+             "from replaylib import campaign as campaigns\nfrom replaylib.rundir import figures_dir, tables_dir\n"
+             "replaylib.log_to_stdout()\nOUT = out_dir or None\nC = campaigns.load(campaign)\n"
+             "pd.DataFrame([{\"row\": r.label, \"configurations\": \" + \".join(r.configs), \"published row\": r.published}\n"
+             "              for r in C.rows + [C.invariant]])"),
+    ("code", "manifest = campaigns.statistics(C, OUT)\nTABLES, FIGURES = tables_dir(C.label, OUT), figures_dir(C.label, OUT)"),
+    ("md", "## Table 1, live"),
+    ("code", "display(Markdown((TABLES / \"tab1_main.md\").read_text()))"),
+    ("md", "## Live against published, and the paper's claims"),
+    ("code", "display(Markdown((TABLES / \"live_vs_published.md\").read_text()))"),
+    ("md", "## Figures 1-3 from the live records"),
+    ("code", "for name in [\"fig1_quadrants\", \"fig2_configs\", \"fig3_logprob_ecdf\"]:\n    display(Image(FIGURES / f\"{name}.png\"))"),
+]
+
+
+def build_campaign():
+    nb = new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    params = new_code_cell("# Parameters: plain literals. `python -m replaylib.campaign CAMPAIGN.yaml` or papermill -p\n"
+                           "# overrides them.\n"
+                           "campaign = 'params/campaign-paper.yaml'  # the campaign file (its paths resolve from the "
+                           "repository root)\n"
+                           'out_dir = ""  # root of runs/, figures/ and tables/ (empty: the repository)')
+    params.metadata["tags"] = ["parameters"]
+    cells = [new_markdown_cell(CAMPAIGN_BODY[0][1]), params]
+    cells += [new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in CAMPAIGN_BODY[1:]]
+    for i, cell in enumerate(cells):
+        cell.id = f"06-{i:02d}"
+    nb.cells = cells
+    return nb
 
 
 def build(stage: str):
+    if stage == CAMPAIGN:
+        return build_campaign()
     nb = new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
@@ -247,6 +298,6 @@ def build(stage: str):
 
 if __name__ == "__main__":
     (REPO / "notebooks").mkdir(exist_ok=True)
-    for stage in STAGES:
+    for stage in STAGES + [CAMPAIGN]:
         nbformat.write(build(stage), str(REPO / "notebooks" / f"{stage}.ipynb"))
         print("wrote", f"notebooks/{stage}.ipynb")

@@ -1,0 +1,497 @@
+"""Campaigns: several configurations composed into the paper's items, run live and compared.
+
+    python -m replaylib.campaign CAMPAIGN.yaml [--executor local|ray] [--ray-workers N]
+                                 [--ray-address ADDR] [--gpus-per-worker G] [--out DIR] [--dry-run] [--force]
+
+A campaign file (params/campaign-*.yaml) lists Table 1 rows (a label, one or more params
+files pooled as the paper pooled them, the published row it is compared with), the
+batch-invariant row (one configuration's stage 5), the row drawn in Figure 1 and the
+configurations pooled, undeduplicated, in Figure 3. Paths in it resolve from the
+repository root, so a copy of the file elsewhere works the same.
+
+The campaign runs every configuration's missing or stale stages through the runner
+(``python -m replaylib.run``: each stage is still its papermill notebook), one after the
+other with ``executor: local``; with ``executor: ray`` the configurations run side by side
+(at most ``concurrent_configs`` at once) and their engines share the cluster: each stage's
+Ray actors wait for free GPUs. Then the campaign statistics notebook
+(notebooks/06_campaign.ipynb) writes tables/campaign-<name>/ (tab1_main, live_vs_published)
+and figures/campaign-<name>/ (Figures 1-3), and runs/campaign-<name>/manifest.json with
+its inputs (every row's records, sha256) and products; it reruns only when those inputs,
+the campaign file or its code change, or with --force.
+
+Executor values: the command line overrides the campaign file, which overrides the params
+files. None of them is in any stage key (results do not depend on where they ran).
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from . import params as params_mod
+from . import records as rec
+from . import stats
+from .params import EXECUTOR_KEYS, Params
+from .rundir import (REPO, atomic_write_bytes, atomic_write_json, code_fingerprint, figures_dir, out_root,
+                     sha256_file, tables_dir)
+
+NOTEBOOK = "06_campaign"
+PAPER_RECORDS = REPO / "data" / "paper-records"
+TOP_KEYS = {"name", "note", "rows", "invariant", "figure1", "figure3", "bootstrap_draws", "concurrent_configs",
+            *EXECUTOR_KEYS}
+ROW_KEYS = {"label", "params", "published"}
+# the Table 1 quantities compared with the published values
+QUANTITIES = ["n (common)", "refeed %", "refeed polarity %", "floor %", "floor polarity %", "excess pp",
+              "t_clust", "z"]
+
+
+@dataclass
+class Row:
+    label: str
+    configs: list[str]  # config names, pooled in this order
+    published: str
+
+
+@dataclass
+class Campaign:
+    name: str
+    path: Path
+    note: str
+    rows: list[Row]
+    invariant: Row  # one configuration's stage 5
+    figure1: str
+    figure3: list[str]
+    configs: dict  # config name -> Params (executor overrides applied)
+    sources: dict  # config name -> params file it was read from
+    bootstrap_draws: int
+    concurrent_configs: int
+
+    @property
+    def label(self) -> str:
+        return f"campaign-{self.name}"
+
+    @property
+    def executor(self) -> str:
+        return next(iter(self.configs.values())).executor
+
+
+def _resolve(path, where: str, key: str) -> Path:
+    p = Path(path)
+    p = p if p.is_absolute() else REPO / p
+    if not p.is_file():
+        raise ValueError(f"{where}: '{key}' names {path}, which does not exist (paths resolve from the repository "
+                         f"root {REPO}); fix the path")
+    return p
+
+
+def load(path, overrides: dict | None = None) -> Campaign:
+    """Read and check a campaign file; ``overrides``: executor values from the command line."""
+    path = Path(path)
+    where = str(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: campaign file not found; pick one of params/campaign-*.yaml")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"{where}: not valid YAML ({str(e).splitlines()[0]}); fix the file") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: must be a mapping (name, rows, invariant, figure1, figure3, ...)")
+    unknown = sorted(set(data) - TOP_KEYS)
+    if unknown:
+        raise ValueError(f"{where}: unknown key '{unknown[0]}'; campaign keys are {', '.join(sorted(TOP_KEYS))}")
+    for key in ("rows", "invariant", "figure1", "figure3"):
+        if key not in data:
+            raise ValueError(f"{where}: key '{key}' is missing; add it (see params/campaign-paper.yaml)")
+    executor = {k: data[k] for k in EXECUTOR_KEYS if k in data}
+    executor.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    configs, sources = {}, {}
+
+    def config_of(file, key) -> str:
+        p = _resolve(file, where, key)
+        loaded = params_mod.load(p)
+        try:
+            merged = params_mod.make({**loaded.to_dict(), **executor}, where=f"{where} (executor values)")
+        except ValueError as e:
+            raise ValueError(str(e)) from None
+        name = merged.config
+        if name in sources and sources[name] != p:
+            raise ValueError(f"{where}: '{key}': {p} and {sources[name]} both have config '{name}'; give each "
+                             f"configuration its own config name")
+        configs[name], sources[name] = merged, p
+        return name
+
+    def row_of(entry, key) -> Row:
+        if not isinstance(entry, dict) or set(entry) - ROW_KEYS or "label" not in entry or "params" not in entry:
+            raise ValueError(f"{where}: '{key}' must be a mapping with label, params (a file or a list) and published")
+        files = entry["params"] if isinstance(entry["params"], list) else [entry["params"]]
+        published = entry.get("published")
+        if published not in rec.PAPER_ROWS:
+            raise ValueError(f"{where}: '{key}' row {entry['label']!r} has published {published!r}; choose one of "
+                             f"{', '.join(rec.PAPER_ROWS)}")
+        return Row(str(entry["label"]), [config_of(f, key) for f in files], published)
+
+    if not isinstance(data["rows"], list) or not data["rows"]:
+        raise ValueError(f"{where}: 'rows' must be a non-empty list of rows (label, params, published)")
+    rows = [row_of(r, f"rows[{i}]") for i, r in enumerate(data["rows"])]
+    invariant = row_of(data["invariant"], "invariant")
+    if len(invariant.configs) != 1:
+        raise ValueError(f"{where}: 'invariant' must name one params file (its stage 5 is the batch-invariant row)")
+    labels = [r.label for r in rows] + [invariant.label]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"{where}: row labels repeat ({labels}); give each row its own label")
+    if data["figure1"] not in labels[:-1]:
+        raise ValueError(f"{where}: 'figure1' is {data['figure1']!r}; name one of the rows: {labels[:-1]}")
+    fig3 = data["figure3"] if isinstance(data["figure3"], list) else [data["figure3"]]
+    figure3 = [config_of(f, "figure3") for f in fig3]
+    name = str(data.get("name") or path.stem.removeprefix("campaign-"))
+    return Campaign(name=name, path=path.resolve(), note=str(data.get("note", "")).strip(), rows=rows,
+                    invariant=invariant, figure1=data["figure1"], figure3=figure3, configs=configs, sources=sources,
+                    bootstrap_draws=int(data.get("bootstrap_draws", 1000)),
+                    concurrent_configs=int(data.get("concurrent_configs", 0)))
+
+
+# --------------------------------------------------------------------------- live records
+
+def live_frame(p: Params, out_dir=None, invariant: bool = False) -> pd.DataFrame:
+    """One configuration's records (stage 3, or stage 5's), with its settings as the frame's config."""
+    stage = "05_batch_invariant" if invariant else "03_three_pass_replay"
+    df = rec.load_records(out_root(out_dir) / "runs" / p.config / stage / "records.parquet")
+    config = next(iter(df.attrs["configs"].values())) or {}
+    df.attrs["configs"] = {p.config: {**config, "screen_mixed": p.screen_mixed, "scan_start": p.problem_start}}
+    return df
+
+
+def record_files(c: Campaign, out_dir=None) -> dict:
+    """Every records file the campaign statistics read, relative to the out root."""
+    files = {f"runs/{name}/03_three_pass_replay/records.parquet" for r in c.rows for name in r.configs}
+    files |= {f"runs/{name}/03_three_pass_replay/records.parquet" for name in c.figure3}
+    files.add(f"runs/{c.invariant.configs[0]}/05_batch_invariant/records.parquet")
+    return {f: out_root(out_dir) / f for f in sorted(files)}
+
+
+def live_rows(c: Campaign, out_dir=None) -> dict:
+    """{label: records}: every row pooled as listed (deduplicated), then the batch-invariant row."""
+    rows = {r.label: rec.pool([live_frame(c.configs[n], out_dir) for n in r.configs]) for r in c.rows}
+    rows[c.invariant.label] = live_frame(c.configs[c.invariant.configs[0]], out_dir, invariant=True)
+    return rows
+
+
+# --------------------------------------------------------------------------- statistics
+
+def quantities(df: pd.DataFrame) -> dict:
+    """Table 1's quantities of one record set, unrounded (None where undefined, as Table 1's "-")."""
+    df = stats.exclude_not_exact(df)[0]
+    r = stats.rates(df, "common")
+    cl, spread = stats._clustered(df)
+    mc = stats.mcnemar(df)
+    pct = (lambda x: None if x is None else 100.0 * x)
+    return {"n (common)": r["n"], "refeed %": pct(r["refeed"]["rate"]),
+            "refeed polarity %": pct(r["refeed"]["polarity_rate"]), "floor %": pct(r["floor"]["rate"]),
+            "floor polarity %": pct(r["floor"]["polarity_rate"]), "excess pp": stats.excess_pp(r),
+            "t_clust": cl["t"] if spread else None, "z": mc["z"] if mc["b"] + mc["c"] else None}
+
+
+def bootstrap_quantities(df: pd.DataFrame, n_boot: int, seed: int = 0) -> dict:
+    """95% percentile intervals of every quantity, resampling problems with replacement
+    (a problem drawn twice counts as two clusters)."""
+    df = stats.exclude_not_exact(df)[0]
+    groups = [g for _, g in df.groupby("problem_id", sort=True)]
+    if not groups:
+        return {q: None for q in QUANTITIES}
+    rng = np.random.default_rng(seed)
+    draws = {q: [] for q in QUANTITIES}
+    for _ in range(n_boot):
+        picked = rng.integers(0, len(groups), size=len(groups))
+        sample = pd.concat([groups[i].assign(problem_id=j) for j, i in enumerate(picked)], ignore_index=True)
+        for q, v in quantities(sample).items():
+            if v is not None:
+                draws[q].append(v)
+    return {q: ([float(x) for x in np.percentile(v, [2.5, 97.5])] if len(v) >= max(2, n_boot // 2) else None)
+            for q, v in draws.items()}
+
+
+def compare(c: Campaign, rows: dict, n_boot: int) -> pd.DataFrame:
+    """Every Table 1 quantity of every row: published (from data/paper-records), live, its 95%
+    problem-bootstrap interval, and whether the published value lies inside."""
+    out = []
+    for row in c.rows + [c.invariant]:
+        published = quantities(rec.load_paper_row(row.published, PAPER_RECORDS))
+        live = quantities(rows[row.label])
+        ci = bootstrap_quantities(rows[row.label], n_boot)
+        for q in QUANTITIES:
+            pub, val, iv = published[q], live[q], ci[q]
+            inside = None if pub is None or iv is None else bool(iv[0] - 1e-9 <= pub <= iv[1] + 1e-9)
+            out.append({"row": row.label, "published row": row.published, "quantity": q,
+                        "published": pub, "live": val, "ci95_low": None if iv is None else iv[0],
+                        "ci95_high": None if iv is None else iv[1],
+                        "published inside": "not measured" if inside is None else ("yes" if inside else "no")})
+    return pd.DataFrame(out)
+
+
+def _verdict(results: dict) -> tuple[str, str]:
+    """results: row -> True / False / None (not measured) -> (verdict, detail)."""
+    measured = {k: v for k, v in results.items() if v is not None}
+    if not measured:
+        return "not measured", "no row could measure it"
+    failing = [k for k, v in measured.items() if not v]
+    unmeasured = [k for k, v in results.items() if v is None]
+    detail = (f"fails on {', '.join(failing)}" if failing else f"on {', '.join(measured)}")
+    if unmeasured:
+        detail += f"; not measured on {', '.join(unmeasured)}"
+    return ("does not hold" if failing else "holds"), detail
+
+
+def verdicts(c: Campaign, rows: dict) -> list[dict]:
+    """One line per claim of the paper, from the live rows."""
+    stock = {r.label: stats.exclude_not_exact(rows[r.label])[0] for r in c.rows}
+    q = {label: quantities(df) for label, df in stock.items()}
+    excess = {k: None if v["t_clust"] is None or v["excess pp"] is None else bool(v["excess pp"] > 0
+                                                                                  and v["t_clust"] > 2)
+              for k, v in q.items()}
+    floor = {k: None if v["floor %"] is None else bool(v["floor %"] > 0) for k, v in q.items()}
+    inv = rows[c.invariant.label]
+    invariant = {c.invariant.label: bool(stats.passes_identical(inv)) if len(inv) else None}
+    jac = {}
+    for label, df in stock.items():
+        j = stats.jaccard(df, 0.5)
+        jac[label] = None if j["refeed"] is None or j["replica"] is None else bool(j["refeed"] < j["replica"])
+    claims = [("re-feed disagrees with exact1 above the replica floor (excess > 0, clustered t > 2)", excess),
+              ("the replica floor is above zero on the stock engine", floor),
+              ("batch-invariant rows: all passes identical on every channel", invariant),
+              ("Jaccard of re-feed's selection (|A| >= 0.5) below the replica ceiling", jac)]
+    return [{"claim": claim, **dict(zip(("verdict", "detail"), _verdict(res)))} for claim, res in claims]
+
+
+def _cell(v, quantity: str = ""):
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return "-"
+    return f"{v:.0f}" if quantity == "n (common)" else f"{v:.2f}"
+
+
+def comparison_markdown(c: Campaign, table: pd.DataFrame, claims: list[dict]) -> str:
+    lines = [f"# {c.label}: live vs published", ""]
+    if c.note:
+        lines += [f"**Note:** {c.note}", ""]
+    lines += ["| row | published row | quantity | published | live | 95% CI (problems) | published inside |",
+              "|---|---|---|---|---|---|---|"]
+    for r in table.itertuples(index=False):
+        q = r.quantity
+        ci = ("-" if r.ci95_low is None or pd.isna(r.ci95_low) else
+              f"[{_cell(r.ci95_low, q)}, {_cell(r.ci95_high, q)}]")
+        lines.append(f"| {r.row} | {r[1]} | {q} | {_cell(r.published, q)} | {_cell(r.live, q)} | {ci} | {r[7]} |")
+    lines += ["", "## The paper's claims, on the live records", ""]
+    lines += [f"- {x['claim']}: **{x['verdict']}** ({x['detail']})" for x in claims]
+    return "\n".join(lines) + "\n"
+
+
+def statistics(c: Campaign, out_dir=None) -> dict:
+    """Table 1, Figures 1-3 and live_vs_published for the campaign; records what it wrote."""
+    from . import plotting, tables
+    rows = live_rows(c, out_dir)
+    tdir, fdir = tables_dir(c.label, out_dir), figures_dir(c.label, out_dir)
+    products = tables.write_table(tables.table1(rows), "tab1_main", tdir)
+    main = rows[c.figure1]
+    fig3 = pd.concat([live_frame(c.configs[n], out_dir) for n in c.figure3], ignore_index=True)
+    inv = rows[c.invariant.label]
+    products += plotting.save_figure(plotting.fig1_quadrants(main, label=c.figure1)[0], "fig1_quadrants", fdir,
+                                     plotting.fig1_data(main))
+    products += plotting.save_figure(plotting.fig2_configs(rows)[0], "fig2_configs", fdir, plotting.fig2_data(rows))
+    products += plotting.save_figure(plotting.fig3_logprob_ecdf(fig3, inv)[0], "fig3_logprob_ecdf", fdir,
+                                     plotting.fig3_data(fig3, inv))
+    table = compare(c, rows, c.bootstrap_draws)
+    claims = verdicts(c, rows)
+    csv = tdir / "live_vs_published.csv"
+    table.to_csv(csv, index=False)
+    md = tdir / "live_vs_published.md"
+    atomic_write_bytes(md, comparison_markdown(c, table, claims).encode())
+    products += [csv, md]
+    import matplotlib.pyplot as plt
+    plt.close("all")
+    root = out_root(out_dir).resolve()
+    inputs = {rel: sha256_file(p) for rel, p in record_files(c, out_dir).items()}
+    manifest = {"campaign": c.label, "campaign_file": str(c.path), "campaign_sha256": sha256_file(c.path),
+                "code": code_fingerprint(NOTEBOOK), "inputs": inputs, "claims": claims,
+                "products": {p.resolve().relative_to(root).as_posix(): sha256_file(p) for p in sorted(set(products))}}
+    run_dir = root / "runs" / c.label
+    atomic_write_json(run_dir / "manifest.json", manifest)
+    atomic_write_bytes(run_dir / "DONE", (time.strftime("%Y-%m-%dT%H:%M:%S") + "\n").encode())
+    return manifest
+
+
+def statistics_staleness(c: Campaign, out_dir=None) -> str | None:
+    """Why the campaign statistics must run, or None when they are up to date."""
+    run_dir = out_root(out_dir) / "runs" / c.label
+    try:
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return "not run yet"
+    if not (run_dir / "DONE").exists():
+        return "not finished"
+    if manifest.get("campaign_sha256") != sha256_file(c.path):
+        return "campaign file changed"
+    if manifest.get("code") != code_fingerprint(NOTEBOOK):
+        return "notebook or library code changed"
+    files = record_files(c, out_dir)
+    now = {rel: (sha256_file(p) if p.exists() else None) for rel, p in files.items()}
+    if now != manifest.get("inputs"):
+        return "records changed"
+    root = out_root(out_dir)
+    for rel, digest in manifest.get("products", {}).items():
+        if not (root / rel).exists() or sha256_file(root / rel) != digest:
+            return f"{rel} changed or missing"
+    return None
+
+
+# --------------------------------------------------------------------------- running
+
+def _params_file(c: Campaign, name: str, out_dir=None) -> Path:
+    """The configuration's parameters with the campaign's executor values, as the runner reads them."""
+    path = out_root(out_dir) / "runs" / c.label / "params" / f"{name}.yaml"
+    body = yaml.safe_dump(c.configs[name].to_dict(), sort_keys=False, allow_unicode=True)
+    atomic_write_bytes(path, (f"# written by replaylib.campaign from {c.sources[name]}\n" + body).encode())
+    return path
+
+
+def _run_config(c: Campaign, name: str, out_dir, force: bool, log_to_file: bool) -> tuple[str, int, str]:
+    cmd = [sys.executable, "-m", "replaylib.run", str(_params_file(c, name, out_dir)),
+           "--out", str(out_root(out_dir))] + (["--force"] if force else [])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    if not log_to_file:
+        return name, subprocess.run(cmd, cwd=REPO, env=env).returncode, ""
+    log = out_root(out_dir) / "runs" / c.label / "logs" / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as f:
+        rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+    return name, rc, str(log)
+
+
+def _start_ray(c: Campaign, workers: int) -> str:
+    """A local Ray instance for every configuration's stages to join; returns its address."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no network: Ray's usage report stays off
+    import ray
+    ray.init(num_cpus=max(os.cpu_count() or 1, workers), include_dashboard=False, log_to_driver=False)
+    return ray.get_runtime_context().gcs_address
+
+
+def run_configs(c: Campaign, todo: list[str], out_dir=None, force: bool = False) -> list[str]:
+    """Run each configuration's stale stages through replaylib.run; returns the ones that failed."""
+    if c.executor != "ray":
+        failed = []
+        for name in todo:
+            print(f"[campaign] {c.label}: configuration {name}", flush=True)
+            if _run_config(c, name, out_dir, force, log_to_file=False)[1]:
+                failed.append(name)
+                break  # later configurations may be fine, but the campaign cannot finish: stop early
+        return failed
+    started = False
+    if not any(c.configs[n].ray_address for n in todo):
+        address = _start_ray(c, sum(c.configs[n].ray_workers for n in todo))
+        started = True
+        for n in todo:
+            c.configs[n] = dataclasses.replace(c.configs[n], ray_address=address)
+    width = c.concurrent_configs or len(todo)
+    failed = []
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, width)) as pool:
+            futures = [pool.submit(_run_config, c, n, out_dir, force, True) for n in todo]
+            for n in todo:
+                print(f"[campaign] {c.label}: configuration {n} started on Ray", flush=True)
+            for fut in concurrent.futures.as_completed(futures):
+                name, rc, log = fut.result()
+                print(f"[campaign] {c.label}: configuration {name} {'done' if rc == 0 else 'FAILED'} (log: {log})",
+                      flush=True)
+                if rc:
+                    failed.append(name)
+    finally:
+        if started:
+            import ray
+            ray.shutdown()
+    return failed
+
+
+def execute_statistics(c: Campaign, out_dir=None) -> Path:
+    """Run notebooks/06_campaign.ipynb with papermill; returns the executed notebook."""
+    import papermill
+    from .rundir import notebook_path
+    output = out_root(out_dir) / "runs" / c.label / f"{NOTEBOOK}.ipynb"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    papermill.execute_notebook(str(notebook_path(NOTEBOOK)), str(output),
+                               parameters={"campaign": str(c.path), "out_dir": str(out_root(out_dir))},
+                               cwd=str(REPO), kernel_name="python3", progress_bar=False, log_output=False)
+    return output
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m replaylib.campaign", description=__doc__.splitlines()[0])
+    ap.add_argument("campaign", help="a campaign file, e.g. params/campaign-paper.yaml")
+    ap.add_argument("--executor", choices=params_mod.CHOICES["executor"], default=None)
+    ap.add_argument("--ray-workers", type=int, default=None, help="engines (Ray actors) per stage")
+    ap.add_argument("--ray-address", default=None, help="empty: a local Ray instance; auto or HOST:PORT: join")
+    ap.add_argument("--gpus-per-worker", type=float, default=None)
+    ap.add_argument("--out", default=None, help="root for runs/, figures/, tables/ (default: the repository)")
+    ap.add_argument("--dry-run", action="store_true", help="say what would run, run nothing")
+    ap.add_argument("--force", action="store_true", help="rerun every stage and the campaign statistics")
+    ap.add_argument("--list-params", action="store_true", help="print the campaign's params files, run nothing")
+    args = ap.parse_intermixed_args(argv)
+    overrides = {"executor": args.executor, "ray_workers": args.ray_workers, "ray_address": args.ray_address,
+                 "gpus_per_worker": args.gpus_per_worker}
+    from . import run as runner
+    try:
+        c = load(args.campaign, overrides)
+        if args.list_params:
+            print("\n".join(str(p) for p in c.sources.values()))
+            return 0
+        todo = {}
+        for name, p in c.configs.items():
+            steps = runner.plan(p, [], args.force, args.out)
+            if steps:
+                todo[name] = steps
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"[campaign] {c.label}: {len(c.configs)} configurations, executor {c.executor}", flush=True)
+    for name, steps in todo.items():
+        for stage, reason in steps:
+            print(f"[campaign] {c.label}: {name} {stage}: {'would run' if args.dry_run else 'to run'} ({reason})")
+    if args.dry_run:
+        reason = "configurations rerun" if todo else (statistics_staleness(c, args.out) or
+                                                      ("forced" if args.force else None))
+        print(f"[campaign] {c.label}: statistics: " + (f"would run ({reason})" if reason else "up to date"))
+        return 0
+    if todo:
+        failed = run_configs(c, list(todo), args.out, args.force)
+        if failed:
+            print(f"error: {c.label}: configuration {', '.join(failed)} failed (see its stage notebook under "
+                  f"runs/{failed[0]}/); fix it and rerun the campaign: finished stages are kept", file=sys.stderr)
+            return 1
+    reason = statistics_staleness(c, args.out) or ("forced" if args.force else None)
+    if not reason:
+        print(f"[campaign] {c.label}: statistics up to date")
+        return 0
+    print(f"[campaign] {c.label}: statistics ({reason})", flush=True)
+    try:
+        output = execute_statistics(c, args.out)
+    except Exception as e:  # papermill's error carries the cell's traceback; keep the console to one line
+        evalue = str(getattr(e, "evalue", e)).strip().splitlines()
+        print(f"error: {c.label} statistics failed: {getattr(e, 'ename', type(e).__name__)}: "
+              f"{evalue[-1] if evalue else ''} (see {out_root(args.out) / 'runs' / c.label / (NOTEBOOK + '.ipynb')})",
+              file=sys.stderr)
+        return 1
+    tdir = tables_dir(c.label, args.out)
+    print(f"[campaign] {c.label}: done -> {tdir / 'live_vs_published.md'}, {tdir / 'tab1_main.md'} ({output.name})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""Where a stage's units of work run: one local engine, or engines on Ray actors.
+
+A stage cuts its work into units fixed by its parameters (stage 01: the screening batches
+of `sampling.screen_batches`; stage 03: one problem; stage 05: its one invariant batch) and
+hands them to an executor with a function ``fn(engine, *args)``. The executor only decides
+where each unit runs; what a unit computes, and with which other problems it is batched,
+never depends on the executor or on the number of workers. The stage's process (the
+driver) writes every result itself, atomically, as before.
+
+``executor: local``: one engine in this process, units in order.
+``executor: ray``: ``ray_workers`` actors, each owning one engine for its lifetime
+(``make_engine`` inside the actor, so the model loads once per actor); a unit runs wholly on
+one actor, so a problem's passes all run on the engine that holds its trunks. An actor that
+dies is replaced by a fresh one and its unit retried once, on the next free actor; a
+unit whose worker dies twice stops the stage with a one-line error naming it. Errors raised
+by the unit's own code stop the stage as they would locally.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+
+from .engine import make_engine
+from .params import Params
+
+log = logging.getLogger("replaylib")
+# test hook: "<label>" makes the first attempt of that unit kill its worker (os._exit);
+# "<label>!" kills every attempt. Read in the driver and passed to the actor with the unit.
+CRASH_ENV = "REPLAYLIB_TEST_CRASH_UNIT"
+
+
+class UnitFailed(RuntimeError):
+    pass
+
+
+class LocalExecutor:
+    name = "local"
+
+    def __init__(self, params: Params, invariant: bool = False):
+        self.engine = make_engine(params, invariant=invariant)
+
+    def call(self, fn, *args):
+        return fn(self.engine, *args)
+
+    def map(self, fn, units: list[tuple[str, tuple]], ordered: bool = True):
+        """Yield (label, fn(engine, *args)) for each (label, args), in order."""
+        for label, args in units:
+            yield label, fn(self.engine, *args)
+
+    def close(self):
+        self.engine = None
+
+
+def _crash_for(label: str, attempt: int) -> bool:
+    want = os.environ.get(CRASH_ENV, "")
+    return bool(want) and (want == f"{label}!" or (want == label and attempt == 0))
+
+
+def _actor_class():
+    import ray
+
+    @ray.remote(max_restarts=0, max_task_retries=0)
+    class EngineActor:
+        def __init__(self, overrides: dict, invariant: bool):
+            from .params import make
+            self.engine = make_engine(make(overrides, where="ray actor"), invariant=invariant)
+
+        def run(self, fn, args, crash: bool):
+            if crash:  # the test hook: die as a killed worker would, mid-unit
+                os._exit(1)
+            return fn(self.engine, *args)
+
+    return EngineActor
+
+
+def ensure_ray(params: Params) -> bool:
+    """Connect to Ray; True when this call started a local instance (the caller shuts it down)."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no network: Ray's usage report stays off
+    import ray
+    if ray.is_initialized():
+        return False
+    if params.ray_address:
+        ray.init(address=params.ray_address, log_to_driver=False)
+        return False
+    ray.init(num_cpus=max(params.ray_workers, 1), include_dashboard=False, log_to_driver=False)
+    return True
+
+
+class RayExecutor:
+    name = "ray"
+
+    def __init__(self, params: Params, invariant: bool = False, workers: int | None = None):
+        import ray
+        from .engine import EngineUnavailable
+        from .rundir import REPO
+        self.started = ensure_ray(params)
+        on_gpu = params.engine == "vllm" or params.device == "cuda"
+        gpus = ray.cluster_resources().get("GPU", 0)
+        if on_gpu and gpus < params.gpus_per_worker:
+            if self.started:
+                ray.shutdown()
+            raise EngineUnavailable(f"config '{params.config}': engine '{params.engine}' on device "
+                                    f"'{params.device}' needs {params.gpus_per_worker:g} GPU per Ray worker, and the "
+                                    f"Ray cluster has {gpus:g}; run on a GPU machine or set engine: hf, device: cpu")
+        options = {"num_cpus": 1, "num_gpus": params.gpus_per_worker if on_gpu else 0,
+                   # the workers import this checkout's replaylib, whatever else is installed
+                   "runtime_env": {"env_vars": {"PYTHONPATH": os.pathsep.join(
+                       [str(REPO)] + [p for p in [os.environ.get("PYTHONPATH", "")] if p])}}}
+        actor = _actor_class()
+        self._new_actor = lambda: actor.options(**options).remote(params.to_dict(), invariant)
+        self.actors = [self._new_actor() for _ in range(workers or params.ray_workers)]
+        log.info("ray executor: %d engine actor(s), %s GPU each", len(self.actors), options["num_gpus"])
+
+    def call(self, fn, *args):
+        """One unit on one actor (retried once if its worker dies)."""
+        return next(self.map(fn, [(fn.__name__, args)]))[1]
+
+    def map(self, fn, units: list[tuple[str, tuple]], ordered: bool = True):
+        """Yield (label, result) per unit: in order, or as they finish (ordered=False)."""
+        import ray
+        from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+        units = list(units)
+        waits = {}
+        queue = deque((i, 0) for i in range(len(units)))
+        free, pending, done, next_out = list(self.actors), {}, {}, 0
+        while queue or pending:
+            while queue and free:
+                i, attempt = queue.popleft()
+                actor = free.pop(0)
+                label, args = units[i]
+                pending[actor.run.remote(fn, args, _crash_for(label, attempt))] = (i, attempt, actor)
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            i, attempt, actor = pending.pop(ready[0])
+            label = units[i][0]
+            try:
+                result = ray.get(ready[0])
+            except RayTaskError as e:  # the unit's own error: as it would be raised locally
+                raise e.as_instanceof_cause() from None
+            except ActorUnavailableError:  # restarting after a death: the unit never ran there, so
+                free.append(actor)           # it is no attempt; wait, bounded by Ray declaring it dead
+                waits[i] = waits.get(i, 0) + 1
+                if waits[i] > 120:
+                    raise UnitFailed(f"{label}: its Ray worker stayed unavailable for 2 minutes; see the Ray "
+                                     f"logs (/tmp/ray/session_latest/logs)") from None
+                time.sleep(1)
+                queue.appendleft((i, attempt))
+                continue
+            except RayActorError as e:
+                # a fresh actor (a new process, the model loaded again) replaces the dead one; the
+                # retry goes to the next free actor first
+                ray.kill(actor)
+                fresh = self._new_actor()
+                self.actors[self.actors.index(actor)] = fresh
+                free.append(fresh)
+                if attempt >= 1:
+                    raise UnitFailed(f"{label} failed twice: its Ray worker died each time "
+                                     f"({type(e).__name__}); see the Ray logs (/tmp/ray/session_latest/logs)") from None
+                log.warning("%s: Ray worker died (%s); retrying it once", label, type(e).__name__)
+                queue.appendleft((i, attempt + 1))
+                continue
+            free.insert(0, actor)
+            if not ordered:
+                yield label, result
+                continue
+            done[i] = result
+            while next_out in done:
+                yield units[next_out][0], done.pop(next_out)
+                next_out += 1
+
+    def close(self):
+        import ray
+        for a in self.actors:
+            ray.kill(a)
+        self.actors = []
+        if self.started:
+            ray.shutdown()
+
+
+def make_executor(params: Params, invariant: bool = False, workers: int | None = None):
+    """The executor a configuration asks for (``executor: local | ray``)."""
+    if params.executor == "ray":
+        import importlib.util
+        if importlib.util.find_spec("ray") is None:
+            raise RuntimeError(f"config '{params.config}': executor 'ray' needs Ray (pip install -r requirements.lock)"
+                               f" or set executor: local")
+        if params.engine == "vllm":  # the same one-line error as a local run, before any actor starts
+            if importlib.util.find_spec("vllm") is None:
+                make_engine(params)
+        return RayExecutor(params, invariant, workers)
+    return LocalExecutor(params, invariant)

@@ -1,0 +1,237 @@
+"""Campaigns (replaylib.campaign) and the Ray executor (replaylib.executor), on CPU.
+
+The tiny campaign runs twice, with executor local and with executor ray (two engine actors on
+a local Ray instance): the records must be identical bit for bit, and so must they be when a
+worker dies mid-stage."""
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from replaylib import campaign, params
+from replaylib.params import STAGES
+from replaylib.rundir import sha256_file
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "params" / "campaign-tiny.yaml"
+
+
+def _ray_init():
+    import ray
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    return ray
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = {}
+    for executor in ("local", "ray"):
+        out[executor] = tmp_path_factory.mktemp(executor)
+        assert campaign.main([str(TINY), "--out", str(out[executor]), "--executor", executor,
+                              "--ray-workers", "2"]) == 0
+    return out
+
+
+def _data_files(root: Path) -> dict:
+    """Every stage output the manifests record (records, shards, trunks, pivots, states), by path."""
+    files = {}
+    for manifest in sorted(root.glob("runs/tiny-*/*/manifest.json")):
+        stage_dir = manifest.parent
+        if stage_dir.name == "04_statistics":
+            continue
+        for rel in json.loads(manifest.read_text())["outputs"]:
+            files[f"{stage_dir.parent.name}/{stage_dir.name}/{rel}"] = stage_dir / rel
+    return files
+
+
+def test_ray_and_local_give_identical_records(runs):
+    local, ray_ = _data_files(runs["local"]), _data_files(runs["ray"])
+    assert set(local) == set(ray_) and any(k.endswith("03_three_pass_replay/records.parquet") for k in local)
+    different = [k for k in local if k.endswith(".parquet") and
+                 not pd.read_parquet(local[k]).equals(pd.read_parquet(ray_[k]))]
+    assert different == []
+    # bit for bit: every data file has the same bytes, except the saved decode-time states, whose
+    # safetensors header lists its entries in an order of its own: there every tensor and every
+    # metadata entry (the digests) must be bit-identical
+    from safetensors import safe_open
+    differ = []
+    for k in local:
+        if k.endswith(".safetensors"):
+            with safe_open(local[k], "pt") as a, safe_open(ray_[k], "pt") as b:
+                same = a.metadata() == b.metadata() and set(a.keys()) == set(b.keys()) and all(
+                    a.get_tensor(n).view(-1).view(torch.uint8).equal(b.get_tensor(n).view(-1).view(torch.uint8))
+                    for n in a.keys())
+        else:
+            same = k.endswith("engine.json") or sha256_file(local[k]) == sha256_file(ray_[k])
+        if not same:
+            differ.append(k)
+    assert differ == []
+
+
+def test_campaign_writes_its_items_and_records_them(runs):
+    out = runs["local"]
+    tdir, fdir = out / "tables" / "campaign-tiny", out / "figures" / "campaign-tiny"
+    tab1 = pd.read_csv(tdir / "tab1_main.csv")
+    assert list(tab1["configuration"]) == ["main pooled", "K=4", "second model", "batch-invariant"]
+    for name in ("fig1_quadrants", "fig2_configs", "fig3_logprob_ecdf"):
+        assert all((fdir / f"{name}.{ext}").exists() for ext in ("pdf", "png", "csv"))
+    table = pd.read_csv(tdir / "live_vs_published.csv")
+    assert len(table) == 4 * len(campaign.QUANTITIES)
+    # the published values are computed from data/paper-records, never typed
+    main = table[(table.row == "main pooled") & (table.quantity == "n (common)")]
+    from replaylib import records
+    published = campaign.quantities(records.load_paper_row("main pooled", campaign.PAPER_RECORDS))
+    assert main.published.iloc[0] == published["n (common)"] == 636
+    md = (tdir / "live_vs_published.md").read_text()
+    assert "mean nothing" in md  # the tiny campaign says its verdicts mean nothing
+    verdicts = [line for line in md.splitlines() if line.startswith("- ")]
+    assert len(verdicts) == 4 and all(any(v in line for v in ("**holds**", "**does not hold**", "**not measured**"))
+                                      for line in verdicts)
+    # the tiny model is deterministic on CPU: its batch-invariant row is identical on every channel
+    assert "batch-invariant rows: all passes identical on every channel: **holds**" in md
+    manifest = json.loads((out / "runs" / "campaign-tiny" / "manifest.json").read_text())
+    assert set(manifest["inputs"]) == set(campaign.record_files(campaign.load(TINY), out))
+    assert "tables/campaign-tiny/live_vs_published.md" in manifest["products"]
+    assert all(sha256_file(out / rel) == digest for rel, digest in manifest["products"].items())
+    assert (out / "runs" / "campaign-tiny" / "06_campaign.ipynb").exists()
+
+
+def test_campaign_statistics_are_stale_aware(runs, capsys):
+    out = runs["local"]
+    c = campaign.load(TINY)
+    assert campaign.statistics_staleness(c, out) is None
+    assert campaign.main([str(TINY), "--out", str(out), "--dry-run"]) == 0
+    said = capsys.readouterr().out
+    assert "statistics: up to date" in said and "would run" not in said
+    md = out / "tables" / "campaign-tiny" / "live_vs_published.md"
+    original = md.read_bytes()
+    md.write_bytes(original + b"edited\n")
+    assert "live_vs_published.md changed" in campaign.statistics_staleness(c, out)
+    md.write_bytes(original)
+    records = out / "runs" / "tiny-k4" / "03_three_pass_replay" / "records.parquet"
+    saved = records.read_bytes()
+    records.write_bytes(saved + b"\0")
+    assert campaign.statistics_staleness(c, out) == "records changed"
+    records.write_bytes(saved)
+    assert campaign.statistics_staleness(c, out) is None
+
+
+def test_executor_values_are_in_no_stage_key():
+    base = params.load(REPO / "params" / "tiny.yaml")
+    other = params.make({**base.to_dict(), "executor": "ray", "ray_workers": 7, "ray_address": "auto",
+                         "gpus_per_worker": 0.5})
+    assert all(base.stage_key(s) == other.stage_key(s) for s in STAGES)
+    with pytest.raises(ValueError, match="'executor' is 'dask'"):
+        params.make({"executor": "dask"})
+    with pytest.raises(ValueError, match="'ray_workers' is 0"):
+        params.make({"ray_workers": 0})
+
+
+def test_command_line_overrides_and_paths_from_the_repository(tmp_path):
+    copy = tmp_path / "elsewhere.yaml"
+    shutil.copy(TINY, copy)  # paths inside resolve from the repository root, not from the file
+    c = campaign.load(copy, {"executor": "ray", "ray_workers": 3})
+    assert set(c.configs) == {"tiny-primary", "tiny-screened", "tiny-k4", "tiny-seed1"}
+    assert all(p.executor == "ray" and p.ray_workers == 3 for p in c.configs.values())
+    assert campaign.load(copy).executor == "local"  # the campaign file's value
+    assert [r.configs for r in c.rows][0] == ["tiny-primary", "tiny-screened"]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"rowz": []}, "unknown key 'rowz'"),
+    ({"figure1": "nope"}, "'figure1' is 'nope'"),
+    ({"invariant": {"label": "inv", "params": "params/missing.yaml", "published": "batch-invariant"}},
+     "'invariant' names params/missing.yaml, which does not exist"),
+    ({"invariant": {"label": "inv", "params": "params/tiny-primary.yaml", "published": "K=9"}},
+     "published 'K=9'; choose one of"),
+])
+def test_campaign_file_errors_are_one_line(tmp_path, change, message):
+    data = {**yaml.safe_load(TINY.read_text()), **change}
+    bad = tmp_path / "campaign-bad.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(ValueError, match=message) as e:
+        campaign.load(bad)
+    assert str(bad) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_ray_executor_without_gpu_for_vllm_is_one_line(capsys):
+    from replaylib.engine import EngineUnavailable
+    from replaylib.executor import make_executor
+    c = campaign.load(REPO / "params" / "campaign-gpu-embedded.yaml", {"executor": "ray"})
+    p = c.configs["gpu-embedded"]
+    with pytest.raises((EngineUnavailable, RuntimeError)) as e:
+        make_executor(p)
+    assert "\n" not in str(e.value) and ("vLLM" in str(e.value) or "GPU" in str(e.value))
+
+
+def test_a_dying_worker_is_retried_and_twice_stops_the_stage(tmp_path, monkeypatch):
+    """Stage 03 of one configuration on two Ray actors; the first attempt at problem 1 kills its
+    worker (os._exit): the records are the same as the local run's. A problem whose worker dies on
+    every attempt stops the stage in one line naming it."""
+    from replaylib import pivots, replay, sampling
+    from replaylib.executor import CRASH_ENV, UnitFailed
+    local = params.make(campaign.load(TINY).configs["tiny-primary"].to_dict())
+    src = tmp_path / "local" / "runs" / "tiny-primary"
+    sampling.run(local, tmp_path / "local")
+    pivots.run(local, tmp_path / "local")
+    replay.run(local, tmp_path / "local")
+    for stage in ("01_sampling", "02_pivot_mining"):
+        shutil.copytree(src / stage, tmp_path / "runs" / "tiny-primary" / stage)
+    p = params.make({**campaign.load(TINY).configs["tiny-primary"].to_dict(), "executor": "ray", "ray_workers": 2})
+    ray = _ray_init()
+    try:
+        monkeypatch.setenv(CRASH_ENV, "03_three_pass_replay problem 1")
+        records = replay.run(p, tmp_path)
+        expected = pd.read_parquet(src / "03_three_pass_replay" / "records.parquet")
+        assert pd.read_parquet(tmp_path / "runs" / "tiny-primary" / "03_three_pass_replay" /
+                               "records.parquet").equals(expected)
+        assert len(records) == len(expected)
+        monkeypatch.setenv(CRASH_ENV, "03_three_pass_replay problem 0!")
+        shutil.rmtree(tmp_path / "runs" / "tiny-primary" / "03_three_pass_replay")
+        with pytest.raises(UnitFailed, match="problem 0 failed twice") as e:
+            replay.run(p, tmp_path)
+        assert "\n" not in str(e.value)
+        assert not (tmp_path / "runs" / "tiny-primary" / "03_three_pass_replay" / "DONE").exists()
+    finally:
+        ray.shutdown()
+
+
+def test_make_campaign_runs_the_campaign_module():
+    import subprocess
+    dry = subprocess.run(["make", "-n", "campaign", "CAMPAIGN=tiny"], cwd=REPO, capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stderr
+    assert ".venv/bin/python -m replaylib.campaign params/campaign-tiny.yaml" in dry.stdout
+
+
+def test_list_params_and_intermixed_options(capsys):
+    # options before and after the file name (parse_intermixed_args); the tiny campaign needs no model fetch
+    assert campaign.main(["--executor", "local", str(TINY), "--list-params", "--ray-workers", "2"]) == 0
+    files = capsys.readouterr().out.split()
+    assert len(files) == 4 and all(Path(f).is_file() for f in files)
+    assert not any(line.startswith("model: embedded") for f in files for line in Path(f).read_text().splitlines())
+
+
+def test_published_records_as_live_rows_reproduce_the_claims():
+    """The comparison and the verdicts on records whose answers are known: the paper's own rows
+    as the live ones. Every claim holds, and every published value lies in its interval."""
+    from replaylib import records
+    labels = list(records.PAPER_ROWS)
+    rows = {label: records.load_paper_row(label, campaign.PAPER_RECORDS) for label in labels}
+    c = campaign.Campaign(name="published", path=TINY, note="", rows=[campaign.Row(l, [], l) for l in labels[:-1]],
+                          invariant=campaign.Row(labels[-1], [], labels[-1]), figure1=labels[0], figure3=[],
+                          configs={}, sources={}, bootstrap_draws=40, concurrent_configs=0)
+    claims = campaign.verdicts(c, rows)
+    assert [x["verdict"] for x in claims] == ["holds"] * 4, claims
+    table = campaign.compare(c, rows, n_boot=40)
+    assert (table.published.fillna(-1) == table.live.fillna(-1)).all()
+    measured = table[table.row != "batch-invariant"]
+    assert set(measured["published inside"]) == {"yes"}
+    # a live row that breaks a claim is reported as breaking it
+    broken = dict(rows)
+    broken["K=8"] = rows["K=8"].assign(A_refeed=rows["K=8"].A_exact1)  # refeed agrees with exact1 everywhere
+    assert campaign.verdicts(c, broken)[0]["verdict"] == "does not hold"
+    assert "K=8" in campaign.verdicts(c, broken)[0]["detail"]
