@@ -158,7 +158,9 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
     digests = sampling.state_digests(params, out_dir)
     gold = {p.problem_id: p.gold for p in load_problems(params.task)}
     shard = {pid: f"shards/problem_{pid:05d}.parquet" for pid in pivots.problem_id.unique()}
-    todo = [pid for pid in shard if not stage.has_shard(shard[pid])]
+    profile_shard = {pid: f"shards/layer_profile_{pid:05d}.parquet" for pid in shard} if params.layer_profile else {}
+    todo = [pid for pid in shard if not stage.has_shard(shard[pid])
+            or (pid in profile_shard and not stage.has_shard(profile_shard[pid]))]
     if todo:
         engine = make_engine(params)
         log.info("config %s, stage %s, engine %s: %d problems to replay", params.config, STAGE,
@@ -169,18 +171,32 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
             state, verified = engine.problem_state(stage.upstream(sampling.STAGE), int(pid), trunks,
                                                    digests.get(int(pid)))
             frame = typed(pd.DataFrame(replay_problem(engine, jobs, group, state, verified, gold[pid], params)))
+            if pid in profile_shard:  # [ours] where decode-time and re-fed K, V differ, per layer
+                profile = pd.DataFrame(engine.layer_profile(jobs, state))
+                atomic_save(stage.file(profile_shard[pid]), lambda tmp: profile.to_parquet(tmp, index=False))
+                stage.add_shard(profile_shard[pid])
             atomic_save(stage.file(shard[pid]), lambda tmp: frame.to_parquet(tmp, index=False))
             stage.add_shard(shard[pid])
     records = pd.concat([pd.read_parquet(stage.file(shard[pid])) for pid in shard], ignore_index=True)
     records["config"] = params.config
     atomic_save(stage.file("records.parquet"), lambda tmp: records.to_parquet(tmp, index=False))
     outputs = ["records.parquet"] + sorted(shard.values())
+    if profile_shard:
+        profile = pd.concat([pd.read_parquet(stage.file(profile_shard[pid])) for pid in shard], ignore_index=True)
+        atomic_save(stage.file("layer_profile.parquet"), lambda tmp: profile.to_parquet(tmp, index=False))
+        outputs += ["layer_profile.parquet"] + sorted(profile_shard.values())
     flagged = int((~records["exact_ok"]).sum())
     if flagged:
         log.warning("%d of %d pivots did not resume the saved state exactly; they are flagged (exact_ok False) "
                     "and excluded from the statistics by default", flagged, len(records))
     stage.finish(outputs, {"n_records": len(records), "flagged_not_exact": flagged})
     return records
+
+
+def load_layer_profile(params: Params, out_dir=None) -> pd.DataFrame | None:
+    """[ours] The replay stage's layer_profile.parquet, or None where the run has none."""
+    path = StageDir(params, STAGE, out_dir).path / "layer_profile.parquet"
+    return pd.read_parquet(path) if path.exists() else None
 
 
 def load(params: Params, out_dir=None) -> pd.DataFrame:

@@ -1,0 +1,117 @@
+"""[ours] Cache transplantation, the prefix-precision control and the layer profile (issue 17)."""
+import dataclasses
+
+import pytest
+import torch
+
+from replaylib.engine import ARMS
+from replaylib.engine_hf import HFEngine
+
+from test_engine_hf import SETTINGS, channels, job_for, sample
+
+
+def outputs(outs):
+    return [channels(o) for o in outs]
+
+
+@pytest.fixture(scope="module")
+def trunks_state(tiny_engine):
+    trunks, state = sample(tiny_engine)
+    jobs = [job_for(trunks[r], 4 + 2 * r, pivot_id=r) for r in range(3)]
+    return trunks, state, jobs
+
+
+def test_xplant_refeed_kv_given_the_decode_time_state_is_exact1(tiny_engine, trunks_state):
+    _, state, jobs = trunks_state
+    decode_kv = {j.pivot_id: (state[j.rollout][0][:, :, :j.abs_pos], state[j.rollout][1][:, :, :j.abs_pos])
+                 for j in jobs}
+    e1 = tiny_engine.run_pass(jobs, "exact1", SETTINGS, state)
+    xr = tiny_engine.run_pass(jobs, "xplant_refeed_kv", SETTINGS, state, prefix_state=decode_kv)
+    assert outputs(xr) == outputs(e1)  # bit for bit, every channel
+
+
+def test_xplant_decode_kv_given_refeeds_own_state_is_refeed(tiny_engine, trunks_state):
+    _, state, jobs = trunks_state
+    own = {}
+    for j in jobs:
+        _, cache, _, _ = tiny_engine._prefill([j.prefix_ids(a) for a in ARMS])
+        k = torch.stack([layer.keys[0, :, :j.abs_pos] for layer in cache.layers])
+        v = torch.stack([layer.values[0, :, :j.abs_pos] for layer in cache.layers])
+        # causal: both arms' prefix rows are the same computation
+        assert torch.equal(k, torch.stack([layer.keys[1, :, :j.abs_pos] for layer in cache.layers]))
+        own[j.pivot_id] = (k, v)
+    rf = tiny_engine.run_pass(jobs, "refeed", SETTINGS, None)
+    xd = tiny_engine.run_pass(jobs, "xplant_decode_kv", SETTINGS, None, prefix_state=own)
+    assert outputs(xd) == outputs(rf)
+
+
+def test_transplants_by_default_move_the_other_state(tiny_engine, trunks_state):
+    """Defaults: xplant_refeed_kv resumes the re-fed prefix, xplant_decode_kv the decode-time one;
+    each differs from the pass whose procedure it borrows (bf16 prefill and decode round differently)."""
+    _, state, jobs = trunks_state
+    e1 = tiny_engine.run_pass(jobs, "exact1", SETTINGS, state)
+    rf = tiny_engine.run_pass(jobs, "refeed", SETTINGS, None)
+    xr = tiny_engine.run_pass(jobs, "xplant_refeed_kv", SETTINGS, state)
+    xd = tiny_engine.run_pass(jobs, "xplant_decode_kv", SETTINGS, state)
+    lp = lambda outs: [o.probe_first_logprob for o in outs]
+    assert lp(xr) != lp(e1)
+    assert lp(xd) != lp(rf)
+    assert [o.resume["min_cached_tokens"] for o in xd] == [j.abs_pos for j in jobs]
+    assert [o.resume["min_cached_tokens"] for o in xr] == [0, 0, 0]
+    assert all(o.resume["state_ok"] for o in xd)
+    # the injected default equals the state a fresh prefix prefill gives
+    fresh = {j.pivot_id: tiny_engine.fresh_prefix_state(j) for j in jobs}
+    again = tiny_engine.run_pass(jobs, "xplant_refeed_kv", SETTINGS, state, prefix_state=fresh)
+    assert outputs(again) == outputs(xr)
+
+
+def test_invariant_mode_makes_the_transplants_identical_too(tiny_invariant_engine):
+    trunks, state = sample(tiny_invariant_engine, n=2, max_new=24)
+    jobs = [job_for(trunks[0], 3, pivot_id=0), job_for(trunks[1], 6, pivot_id=1)]
+    outs = {name: tiny_invariant_engine.run_pass(jobs, name, SETTINGS, state)
+            for name in ("exact1", "xplant_refeed_kv", "xplant_decode_kv")}
+    for name in ("xplant_refeed_kv", "xplant_decode_kv"):
+        assert outputs(outs[name]) == outputs(outs["exact1"])
+
+
+def test_float32_prefix_changes_the_prefix_state_and_nothing_else(tiny_model_dir, tiny_engine, trunks_state):
+    _, state, jobs = trunks_state
+    e32 = HFEngine(tiny_model_dir, "cpu", "bfloat16", max_batch_rows=64, prefix_precision="float32")
+    assert e32.describe()["prefix_precision"] == "float32"
+    job = jobs[0]
+    k_native, v_native = tiny_engine.fresh_prefix_state(job)
+    k32, v32 = e32.fresh_prefix_state(job)
+    assert k32.dtype == k_native.dtype == torch.bfloat16  # rounded to the run's dtype
+    assert not torch.equal(k32, k_native) or not torch.equal(v32, v_native)
+    # decode unchanged: exact passes are bit for bit the native engine's
+    assert outputs(e32.run_pass(jobs, "exact1", SETTINGS, state)) == outputs(
+        tiny_engine.run_pass(jobs, "exact1", SETTINGS, state))
+    assert outputs(e32.run_pass(jobs, "xplant_decode_kv", SETTINGS, state)) == outputs(
+        tiny_engine.run_pass(jobs, "xplant_decode_kv", SETTINGS, state))
+    # ... and the same decode path: the native engine given the float32 prefix state is the float32 pass
+    fp32_state = {j.pivot_id: e32.fresh_prefix_state(j) for j in jobs}
+    assert outputs(e32.run_pass(jobs, "xplant_refeed_kv", SETTINGS, state)) == outputs(
+        tiny_engine.run_pass(jobs, "xplant_refeed_kv", SETTINGS, state, prefix_state=fp32_state))
+    rf32 = e32.run_pass(jobs, "refeed", SETTINGS, None)
+    assert [o.probe_first_logprob for o in rf32] != [o.probe_first_logprob
+                                                     for o in tiny_engine.run_pass(jobs, "refeed", SETTINGS, None)]
+    # invariant mode keeps one computation for everything
+    inv = HFEngine(tiny_model_dir, "cpu", "bfloat16", invariant=True, prefix_precision="float32")
+    assert inv.prefix_precision == "native"
+
+
+def test_layer_profile(tiny_engine, trunks_state):
+    _, state, jobs = trunks_state
+    rows = tiny_engine.layer_profile(jobs, state)
+    layers = tiny_engine.model.config.num_hidden_layers
+    assert len(rows) == len(jobs) * layers * 2
+    assert {r["tensor"] for r in rows} == {"k", "v"}
+    assert any(r["max_abs_diff"] > 0 for r in rows)  # bf16 decode and prefill round differently
+    for r in rows:
+        assert r["max_abs_diff"] == max(r["max_abs_diff_prompt"], r["max_abs_diff_generated"], r["max_abs_diff_last"])
+        assert (r["first_diff_pos"] == -1) == (r["max_abs_diff"] == 0)
+    # a state against itself differs nowhere
+    from replaylib.engine_hf import ResidentState
+    same = ResidentState.produced({j.rollout: tuple(t.clone() for t in tiny_engine.fresh_prefix_state(j))
+                                   for j in jobs[:1]})
+    assert all(r["max_abs_diff"] == 0 for r in tiny_engine.layer_profile(jobs[:1], same))
