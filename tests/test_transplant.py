@@ -115,3 +115,61 @@ def test_layer_profile(tiny_engine, trunks_state):
     same = ResidentState.produced({j.rollout: tuple(t.clone() for t in tiny_engine.fresh_prefix_state(j))
                                    for j in jobs[:1]})
     assert all(r["max_abs_diff"] == 0 for r in tiny_engine.layer_profile(jobs[:1], same))
+
+
+def synthetic_records():
+    """Six pivots on two problems: xplant_refeed_kv copies refeed, xplant_decode_kv copies exact1."""
+    import json
+
+    import pandas as pd
+    a1 = [0.5, 0.0, -0.25, 0.0, 0.25, 0.0]
+    a2 = [0.5, 0.0, -0.25, 0.0, 0.0, 0.0]
+    rf = [0.0, 0.25, -0.25, 0.0, -0.25, 0.0]
+    probe = lambda lp: json.dumps({"actual": [5, lp], "alt": [6, lp - 1]})
+    rows = []
+    for i in range(6):
+        rows.append({"problem_id": i // 3, "rollout": i % 3, "abs_pos": 100 + i, "margin": 0.5, "exact_ok": True,
+                     "A_exact1": a1[i], "A_exact2": a2[i], "A_refeed": rf[i], "A_xplant_refeed_kv": rf[i],
+                     "A_xplant_decode_kv": a1[i], "greedy_first_exact1": probe(-0.5),
+                     "greedy_first_exact2": probe(-0.5), "greedy_first_refeed": probe(-0.5 - 0.01 * (i + 1)),
+                     "greedy_first_xplant_refeed_kv": probe(-0.5 - 0.01 * (i + 1)),
+                     "greedy_first_xplant_decode_kv": probe(-0.5 if i else -0.4)})
+    return pd.DataFrame(rows)
+
+
+def test_transplant_statistics_follow_table1():
+    from replaylib import stats
+    t = stats.transplant(synthetic_records()).set_index("pass")
+    assert list(t.index) == ["exact2", "refeed", "xplant_refeed_kv", "xplant_decode_kv"]
+    assert (t["n"] == 4).all()  # common set: pivots 0, 1, 2, 4
+    assert t.loc["exact2", "flips"] == 1 and t.loc["refeed", "flips"] == 3
+    assert t.loc["refeed", "excess_pp"] == pytest.approx(50.0)
+    assert t.loc["xplant_refeed_kv", ["flips", "polarity", "mcnemar_b", "mcnemar_c"]].tolist() == \
+        t.loc["refeed", ["flips", "polarity", "mcnemar_b", "mcnemar_c"]].tolist()
+    assert t.loc["xplant_decode_kv", "flips"] == 0 and t.loc["xplant_decode_kv", "excess_pp"] == pytest.approx(-25.0)
+    assert t.loc["xplant_refeed_kv", "flips_vs_refeed"] == 0 and t.loc["xplant_decode_kv", "flips_vs_refeed"] == 3
+    assert t.loc["exact2", "probe_equal_exact1"] == 1.0 and t.loc["refeed", "probe_equal_exact1"] == 0.0
+    assert t.loc["xplant_refeed_kv", "probe_equal_refeed"] == 1.0
+    assert t.loc["xplant_decode_kv", "probe_equal_exact1"] == pytest.approx(5 / 6)
+    # the rows of Table 1's comparison are the same numbers
+    r = stats.disagreement(stats.common_set(synthetic_records()), "refeed")
+    assert r["flips"] == t.loc["refeed", "flips"]
+    assert stats.transplant(synthetic_records().drop(columns=["A_xplant_refeed_kv", "A_xplant_decode_kv"])).empty
+
+
+def test_transplant_table_and_figures(tiny_engine, trunks_state, tmp_path):
+    import pandas as pd
+
+    from replaylib import plotting, stats, tables
+    tab = tables.table_transplant(synthetic_records())
+    assert list(tab["pass"]) == ["exact2", "refeed", "xplant_refeed_kv", "xplant_decode_kv"]
+    assert tab.loc[1, "excess pp"] == "+50.0"
+    fig, _ = plotting.fig5_transplant(stats.transplant(synthetic_records()))
+    assert plotting.save_figure(fig, "fig5", tmp_path)[0].stat().st_size > 0
+    _, state, jobs = trunks_state
+    profile = pd.DataFrame(tiny_engine.layer_profile(jobs, state))
+    summary = stats.layer_profile_summary(profile)
+    assert len(summary) == 2 * tiny_engine.model.config.num_hidden_layers
+    assert summary["share_differing"].between(0, 1).all()
+    fig, _ = plotting.fig6_layer_profile(profile)
+    assert plotting.save_figure(fig, "fig6", tmp_path, profile)[0].stat().st_size > 0
