@@ -99,6 +99,11 @@ def transplant_tables(inputs: dict) -> dict:
     return out
 
 
+def _records(df: pd.DataFrame) -> list:
+    """Rows as dicts with None, not NaN, where a value is missing (strict JSON)."""
+    return df.astype(object).where(df.notna(), None).to_dict("records")
+
+
 def summary(inputs: dict, n_boot: int) -> dict:
     """summary.json: the main row's statistics, extras and exactness, every row, the
     cohorts, and each run's pre-registered metrics beside its harness aggregate, per-problem
@@ -120,8 +125,8 @@ def summary(inputs: dict, n_boot: int) -> dict:
         "cohorts": {label: stats.summarize(df) for label, df in (inputs["cohorts"] or {}).items()},
         "runs": runs,
         "figure3": plotting.fig3_data(inputs["fig3"], inputs["invariant"]).to_dict("records"),
-        "transplant": stats.transplant(main).to_dict("records"),
-        "layer_profile": (stats.layer_profile_summary(inputs["layer_profile"]).to_dict("records")
+        "transplant": _records(stats.transplant(main)),
+        "layer_profile": (_records(stats.layer_profile_summary(inputs["layer_profile"]))
                           if inputs.get("layer_profile") is not None else []),
     }
 

@@ -371,6 +371,7 @@ def table_transplant(main) -> pd.DataFrame:
     t = transplant(main)
     if not len(t):
         return t
+    t = t.astype(object).where(t.notna(), None)  # a missing t prints "-"
     return pd.DataFrame({
         "pass": t["pass"], "n (common)": t["n"],
         "disagreement (polarity)": [f"{_pct(r)} ({p})" for r, p in zip(t["rate"], t["polarity"])],
