@@ -173,3 +173,17 @@ def test_transplant_table_and_figures(tiny_engine, trunks_state, tmp_path):
     assert summary["share_differing"].between(0, 1).all()
     fig, _ = plotting.fig6_layer_profile(profile)
     assert plotting.save_figure(fig, "fig6", tmp_path, profile)[0].stat().st_size > 0
+
+
+def test_params_accept_the_transplants_on_hf_and_refuse_them_on_vllm():
+    from replaylib import params
+    p = params.make({"passes": ["exact1", "exact2", "refeed", "xplant_refeed_kv", "xplant_decode_kv"],
+                     "prefix_precision": "float32", "layer_profile": True})
+    assert p.stage_of("prefix_precision") == p.stage_of("layer_profile") == "03_three_pass_replay"
+    with pytest.raises(ValueError, match="prefix_precision"):
+        params.make({"prefix_precision": "fp64"})
+    for extra in ({"passes": ["exact1", "exact2", "refeed", "xplant_decode_kv"]}, {"layer_profile": True},
+                  {"prefix_precision": "float32"}):
+        with pytest.raises(ValueError) as e:
+            params.make({"engine": "vllm", "stop_at_answer": False, **extra})
+        assert "\n" not in str(e.value) and "engine: hf" in str(e.value)
