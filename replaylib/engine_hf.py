@@ -113,7 +113,7 @@ class HFEngine:
     name = "hf"
 
     def __init__(self, model_path: str, device: str = "cpu", dtype: str = "bfloat16",
-                 invariant: bool = False, max_batch_rows: int = 128):
+                 invariant: bool = False, max_batch_rows: int = 128, prefix_precision: str = "native"):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -135,16 +135,24 @@ class HFEngine:
         self.special_ids = set(self.tok.all_special_ids) | self.stop_ids
         self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else min(self.stop_ids)
         self.model_path = str(model_path)
+        # [ours] re-fed prefix states computed by a float32 copy of the model, rounded to the run's
+        # dtype (invariant mode keeps one computation for everything: always native)
+        if prefix_precision not in ("native", "float32"):
+            raise ValueError(f"prefix_precision must be native or float32, not {prefix_precision!r}")
+        self.prefix_precision = "native" if invariant else prefix_precision
+        self._model32 = None
 
     @classmethod
     def from_params(cls, params, invariant: bool = False) -> "HFEngine":
         from .models import resolve_model
         torch.set_num_threads(torch.get_num_threads())
-        return cls(resolve_model(params.model), params.device, params.dtype, invariant, params.max_batch_rows)
+        return cls(resolve_model(params.model), params.device, params.dtype, invariant, params.max_batch_rows,
+                   getattr(params, "prefix_precision", "native"))
 
     def describe(self) -> dict:
         return {"engine": "hf", "model": self.model_path, "device": str(self.device), "dtype": self.dtype_name,
                 "linear_kernel": self.linear_kernel, "invariant": self.invariant,
+                "prefix_precision": self.prefix_precision,
                 "attention": self.model.config._attn_implementation}
 
     def _swap_linears(self):
@@ -164,8 +172,8 @@ class HFEngine:
 
     # ---------------------------------------------------------------- model calls
     @torch.inference_mode()
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor | None):
-        out = self.model(input_ids=ids.to(self.device), position_ids=positions.to(self.device),
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor | None, model=None):
+        out = (model or self.model)(input_ids=ids.to(self.device), position_ids=positions.to(self.device),
                          attention_mask=None if mask is None else mask.to(self.device),
                          past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1].float(), out.past_key_values
@@ -179,7 +187,7 @@ class HFEngine:
                 cache.update(k.to(self.device), v.to(self.device), layer)
         return cache
 
-    def _prefill(self, seqs: list[list[int]]):
+    def _prefill(self, seqs: list[list[int]], model=None):
         """Prefill sequences, left-padded to one length; returns (last logits, cache, mask, pads)."""
         length = max(len(s) for s in seqs)
         pads = [length - len(s) for s in seqs]
@@ -192,8 +200,89 @@ class HFEngine:
             for t in range(length):
                 logits, cache = self._forward(ids[:, t:t + 1], positions[:, t:t + 1], cache, None)
             return logits, cache, None, pads
-        logits, cache = self._forward(ids, positions, self._new_cache(), mask if any(pads) else None)
+        logits, cache = self._forward(ids, positions, self._new_cache(), mask if any(pads) else None, model)
         return logits, cache, (mask if any(pads) else None), pads
+
+    # ---------------------------------------------------------------- [ours] prefix precision, transplants
+    def _float32_model(self):
+        """A float32 copy of the model (loaded once, on first use): the prefix-precision control."""
+        if self._model32 is None:
+            from transformers import AutoModelForCausalLM
+            self._model32 = AutoModelForCausalLM.from_pretrained(
+                self.model_path, dtype=torch.float32, attn_implementation="sdpa").to(self.device).eval()
+        return self._model32
+
+    def _refed_prefill(self, seqs: list[list[int]]):
+        """The re-fed prefill of a pass (refeed, refeed2, serial, xplant_refeed_kv's prefix).
+
+        prefix_precision native: exactly `_prefill`. float32: the same call on a float32 copy
+        of the model, its KV and last logits rounded to the run's dtype; everything after it
+        (the decode) runs on the run's model unchanged."""
+        if self.prefix_precision == "native" or self.model.dtype == torch.float32:
+            return self._prefill(seqs)
+        logits, cache32, mask, pads = self._prefill(seqs, model=self._float32_model())
+        dtype = self.model.dtype
+        cache = self._new_cache([layer.keys.to(dtype) for layer in cache32.layers],
+                                [layer.values.to(dtype) for layer in cache32.layers])
+        return logits.to(dtype).float(), cache, mask, pads
+
+    def fresh_prefix_state(self, job: PivotJob):
+        """The KV a fresh prefill of prompt + generated[:i] (without the forced token) produces:
+        (keys, values), each [layers, kv_heads, abs_pos, head_dim], in the prefix precision."""
+        _, cache, _, _ = self._refed_prefill([job.prompt_ids + job.gen_prefix])
+        return _row_state(cache, 0)
+
+    def _spliced_prefill(self, seqs: list[list[int]], keys: torch.Tensor, values: torch.Tensor):
+        """xplant_decode_kv: refeed's prefill call of seqs (one length, no padding) in which every
+        layer's K and V of the first n positions are replaced, before attention, by the given
+        state ([layers, kv_heads, n, head_dim]). The forced token's logits thus come out of
+        refeed's own prefill computation, attending to the transplanted prefix; the prefix
+        positions' own outputs are computed and discarded. Given the very K and V this prefill
+        computes, it is refeed bit for bit (tested)."""
+        n = keys.shape[2]
+        if self.invariant:  # one token of one sequence per forward pass: prefill only the forced token
+            assert len(seqs) == 1, "invariant mode runs one sequence at a time"
+            cache = self._new_cache([keys[layer][None] for layer in range(keys.shape[0])],
+                                    [values[layer][None] for layer in range(values.shape[0])])
+            ids, pos = torch.tensor([s[n:] for s in seqs]), torch.arange(n, len(seqs[0]))[None]
+            logits = None
+            for t in range(ids.shape[1]):
+                logits, cache = self._forward(ids[:, t:t + 1], pos[:, t:t + 1], cache, None)
+            return logits, cache
+        assert len({len(s) for s in seqs}) == 1, "the arms share a length"
+        cache = _splice_cache_class()(config=self.model.config)
+        cache.splice = (keys.to(self.device), values.to(self.device), n)
+        ids = torch.tensor(seqs)
+        positions = torch.arange(ids.shape[1]).expand(len(seqs), -1)
+        return self._forward(ids, positions, cache, None)
+
+    def layer_profile(self, jobs: list[PivotJob], state) -> list[dict]:
+        """[ours] Per pivot and layer: max |decode-time - re-fed| of K and of V over the prefix
+        [0, abs_pos), split into prompt positions, generated positions before the last one,
+        and the last prefix position (abs_pos - 1); the first position that differs; the share
+        of positions that differ; the largest |decode-time value| (for scale)."""
+        rows = []
+        for job in jobs:
+            dk, dv = state[job.rollout]
+            rk, rv = self.fresh_prefix_state(job)
+            n, p = job.abs_pos, len(job.prompt_ids)
+            for which, dec, ref in (("k", dk[:, :, :n], rk), ("v", dv[:, :, :n], rv)):
+                diff = (dec.float() - ref.float().to(dec.device)).abs().amax(dim=(1, 3)).cpu()  # [layers, n]
+                scale = dec.float().abs().amax(dim=(1, 2, 3)).cpu()
+                for layer in range(diff.shape[0]):
+                    d = diff[layer]
+                    nz = torch.nonzero(d).flatten()
+                    rows.append({
+                        "problem_id": job.problem_id, "rollout": job.rollout, "pivot_id": job.pivot_id,
+                        "abs_pos": n, "prompt_len": p, "layer": layer, "tensor": which,
+                        "max_abs_diff": float(d.max()) if n else 0.0,
+                        "max_abs_diff_prompt": float(d[:p].max()) if p else 0.0,
+                        "max_abs_diff_generated": float(d[p:n - 1].max()) if n - 1 > p else 0.0,
+                        "max_abs_diff_last": float(d[n - 1]) if n else 0.0,
+                        "first_diff_pos": int(nz[0]) if len(nz) else -1,
+                        "share_positions_differing": float(len(nz) / n) if n else 0.0,
+                        "max_abs_value": float(scale[layer])})
+        return rows
 
     # ---------------------------------------------------------------- the decode loop
     def _decode(self, logits, cache, mask, next_pos: list[int], rows: _Rows, keep_state: bool = False):
@@ -314,7 +403,7 @@ class HFEngine:
         return state, verified
 
     def run_pass(self, jobs: list[PivotJob], pass_name: str, settings: PassSettings, state: dict | None,
-                 ) -> list[PivotOutput]:
+                 prefix_state: dict | None = None) -> list[PivotOutput]:
         """One pass over pivot jobs.
 
         exact*   resume the decode-time state (rollout -> (keys, values)) at the pivot token
@@ -323,14 +412,24 @@ class HFEngine:
                  state was recomputed" from "the batch was composed differently"
         block16  the paper's paged-cache resume: the saved state up to the last 16-token
                  boundary, the rest of the prefix prefilled on top of it
+        xplant_refeed_kv  [ours] exact's procedure (the forced token fed as a decode step on the
+                 cache, same batches) resuming the KV a fresh prefill of prompt + generated[:i]
+                 (without the forced token) produces
+        xplant_decode_kv  [ours] refeed's procedure (the forced token's logits out of refeed's
+                 prefill call, same batches) with the decode-time KV of [0, abs_pos) placed in
+                 place of the prefix's own K and V
+
+        prefix_state (transplant passes only): pivot_id -> (keys, values) [layers, kv_heads,
+        abs_pos, head_dim], the state to transplant instead of the default one (tests inject the
+        pass's own state this way: a transplant of a state onto itself is the original pass).
         """
         kind = pass_kind(pass_name)
-        if kind in ("exact", "block") and state is None:
+        if (kind in ("exact", "block") or (kind == "xdecode" and prefix_state is None)) and state is None:
             raise ValueError(f"pass {pass_name}: the decode-time state of the trunks is needed")
         # the state this pass resumes, digested now (after any device move) against the digest
         # taken when it was produced: a check that observes the tensors, not a file's own metadata
         verified = ({r: bool(getattr(state, "verify", lambda _: False)(r)) for r in {j.rollout for j in jobs}}
-                    if kind == "exact" else {})
+                    if kind in ("exact", "xdecode") and prefix_state is None else {})
         alone = self.invariant or kind == "serial"
         rows_per_job = 2 * (settings.k + 1)
         per_chunk = 1 if alone else max(1, self.max_batch_rows // rows_per_job)
@@ -339,11 +438,12 @@ class HFEngine:
             per_chunk = math.ceil(len(jobs) / math.ceil(len(jobs) / per_chunk))
         outputs = []
         for start in range(0, len(jobs), per_chunk):
-            outputs += self._run_chunk(jobs[start:start + per_chunk], kind, settings, state, alone)
+            outputs += self._run_chunk(jobs[start:start + per_chunk], kind, settings, state, alone, prefix_state)
         for out, job in zip(outputs, jobs):
-            out.resume["min_cached_tokens"] = {"exact": job.abs_pos, "block": job.abs_pos // 16 * 16}.get(kind, 0)
+            out.resume["min_cached_tokens"] = {"exact": job.abs_pos, "block": job.abs_pos // 16 * 16,
+                                               "xdecode": job.abs_pos}.get(kind, 0)
             placed = out.resume.pop("placed")
-            if kind == "exact":
+            if kind in ("exact", "xdecode") and verified:
                 out.resume["state_ok"] = bool(verified[job.rollout] and placed)
         return outputs
 
@@ -365,17 +465,18 @@ class HFEngine:
         """Rows of one pivot, the same in every pass: per arm, K sampled continuations, then the greedy probe."""
         return [(arm, k) for arm in ARMS for k in [*range(settings.k), "probe"]]
 
-    def _run_chunk(self, jobs, kind, settings, state, alone):
+    def _run_chunk(self, jobs, kind, settings, state, alone, prefix_state=None):
         layouts = [self._row_layout(settings) for _ in jobs]
         if alone:  # every row alone; an arm's re-fed prefix is computed once and copied
             results = []
             for job, layout in zip(jobs, layouts):
                 memo = {}
-                per_row = [self._run_rows([job], [[row]], kind, settings, state, memo) for row in layout]
+                per_row = [self._run_rows([job], [[row]], kind, settings, state, memo, prefix_state)
+                           for row in layout]
                 merged = {key: sum((r[key] for r in per_row), []) for key in ROW_FIELDS}
                 results.append(self._collect(job, layout, merged, settings))
             return results
-        out = self._run_rows(jobs, layouts, kind, settings, state)
+        out = self._run_rows(jobs, layouts, kind, settings, state, prefix_state=prefix_state)
         results, offset = [], 0
         for job, layout in zip(jobs, layouts):
             part = {key: out[key][offset:offset + len(layout)] for key in ROW_FIELDS}
@@ -419,19 +520,39 @@ class HFEngine:
             out[arm] = memo[(job.pivot_id, arm)]
         return out
 
-    def _run_rows(self, jobs, layouts, kind, settings, state, memo=None):
+    def _transplant(self, job: PivotJob, kind: str, state, prefix_state, memo):
+        """The prefix state a transplant pass resumes: injected, else re-fed (xrefeed) or decode-time (xdecode)."""
+        if prefix_state is not None:
+            return prefix_state[job.pivot_id]
+        if kind == "xdecode":
+            k, v = state[job.rollout]
+            return k[:, :, :job.abs_pos], v[:, :, :job.abs_pos]
+        key = (job.pivot_id, "fresh-prefix")
+        if memo is None or key not in memo:
+            kv = self.fresh_prefix_state(job)
+            if memo is None:
+                return kv
+            memo[key] = kv
+        return memo[key]
+
+    def _run_rows(self, jobs, layouts, kind, settings, state, memo=None, prefix_state=None):
         """Build the resumed or re-fed state for the rows of these jobs and decode them."""
         row_job, row_arm, row_kind = [], [], []
         for j, layout in enumerate(layouts):
             for arm, what in layout:
                 row_job.append(j), row_arm.append(arm), row_kind.append(what)
         keys, values, lens, first_logits = [], [], [], []
-        if kind == "exact":
+        if kind in ("exact", "xrefeed"):
+            fresh = {} if memo is None else memo  # xrefeed: one fresh prefix prefill per pivot
             for j, arm in zip(row_job, row_arm):
                 job = jobs[j]
-                k, v = state[job.rollout]
-                keys.append(k[:, :, :job.abs_pos])
-                values.append(v[:, :, :job.abs_pos])
+                if kind == "exact":
+                    k, v = state[job.rollout]
+                    k, v = k[:, :, :job.abs_pos], v[:, :, :job.abs_pos]
+                else:
+                    k, v = self._transplant(job, kind, state, prefix_state, fresh)
+                keys.append(k)
+                values.append(v)
                 lens.append(job.abs_pos)
         else:
             by_job = {}
@@ -441,14 +562,23 @@ class HFEngine:
                 if memo is not None and all((job.pivot_id, a) in memo for a in arms):
                     by_job[j] = {a: memo[(job.pivot_id, a)] for a in arms}
                     continue
-                if self.invariant and kind != "block" and memo is not None:
+                if self.invariant and kind in ("refeed", "serial") and memo is not None:
                     by_job[j] = self._invariant_refeed(job, arms, memo)
                     continue
                 seqs = [job.prefix_ids(a) for a in arms]  # the arms share a length: no padding
                 if kind == "block":
                     logits, cache = self._prefill_on(state[job.rollout], job.abs_pos // 16 * 16, seqs)
+                elif kind == "xdecode":
+                    if self.invariant:
+                        outs = [self._spliced_prefill([s_], *self._transplant(job, kind, state, prefix_state, None))
+                                for s_ in seqs]
+                        logits = torch.cat([lg for lg, _ in outs])
+                        cache = _stacked_cache(self, [c for _, c in outs])
+                    else:
+                        logits, cache = self._spliced_prefill(
+                            seqs, *self._transplant(job, kind, state, prefix_state, None))
                 else:
-                    logits, cache, _, _ = self._prefill(seqs)
+                    logits, cache, _, _ = self._refed_prefill(seqs)
                 by_job[j] = {a: (logits[i], [layer.keys[i] for layer in cache.layers],
                                  [layer.values[i] for layer in cache.layers]) for i, a in enumerate(arms)}
                 if memo is not None:
@@ -471,7 +601,7 @@ class HFEngine:
         placed = all(torch.equal(layer.keys, k.to(self.device)) and torch.equal(layer.values, v.to(self.device))
                      for layer, k, v in zip(cache.layers, cache_k, cache_v))
         mask = torch.tensor([[0] * p + [1] * n for p, n in zip(pads, lens)]) if any(pads) else None
-        if kind == "exact":  # feed the forced token at the pivot as a decode step on the saved state
+        if kind in ("exact", "xrefeed"):  # feed the forced token at the pivot as a decode step on the state
             feed = torch.tensor([[jobs[j].forced[a]] for j, a in zip(row_job, row_arm)])
             positions = torch.tensor([[jobs[j].abs_pos] for j in row_job])
             if mask is not None:
@@ -521,11 +651,44 @@ class HFEngine:
 
 def pass_kind(name: str) -> str:
     """What a pass computes: exact (resume), refeed (prefill afresh), serial, or block (block16)."""
-    kinds = {"exact": "exact", "refeed": "refeed", "serial": "serial", "block16": "block"}
+    kinds = {"exact": "exact", "refeed": "refeed", "serial": "serial", "block16": "block",
+             "xplant_refeed_kv": "xrefeed", "xplant_decode_kv": "xdecode"}
     for prefix, kind in kinds.items():
         if name.startswith(prefix):
             return kind
-    raise ValueError(f"unknown pass '{name}'; passes: exact1, exact2, refeed, refeed2, serial, block16")
+    raise ValueError(f"unknown pass '{name}'; passes: exact1, exact2, refeed, refeed2, serial, block16, "
+                     f"xplant_refeed_kv, xplant_decode_kv")
+
+
+def _stacked_cache(engine, caches):
+    """One cache holding the rows of several one-row caches (same length)."""
+    return engine._new_cache([torch.cat([c.layers[layer].keys for c in caches]) for layer in range(len(caches[0].layers))],
+                             [torch.cat([c.layers[layer].values for c in caches]) for layer in range(len(caches[0].layers))])
+
+
+_SPLICE_CLASS = None
+
+
+def _splice_cache_class():
+    """A DynamicCache whose first update per layer (the prefill) replaces the first n positions
+    of the new K and V with a transplanted state before attention reads them."""
+    global _SPLICE_CLASS
+    if _SPLICE_CLASS is None:
+        from transformers import DynamicCache
+
+        class SpliceCache(DynamicCache):
+            splice = None
+
+            def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+                if self.splice is not None and key_states.shape[2] > self.splice[2]:
+                    keys, values, n = self.splice
+                    key_states, value_states = key_states.clone(), value_states.clone()
+                    key_states[:, :, :n] = keys[layer_idx][None]
+                    value_states[:, :, :n] = values[layer_idx][None]
+                return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+        _SPLICE_CLASS = SpliceCache
+    return _SPLICE_CLASS
 
 
 def _row_state(cache, slot: int):

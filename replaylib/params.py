@@ -44,7 +44,9 @@ CHOICES = {
     "records": ["run", "published"],
     "pass_order": ["fixed", "shuffled"],
     "executor": ["local", "ray"],
+    "prefix_precision": ["native", "float32"],
 }
+TRANSPLANT_PASSES = ("xplant_refeed_kv", "xplant_decode_kv")
 # where a stage's units of work run: owned by no stage, so in no stage key (results never depend on it);
 # the stages that start engines declare them in their notebooks
 EXECUTOR_KEYS = ["executor", "ray_address", "ray_workers", "gpus_per_worker"]
@@ -107,10 +109,18 @@ class Params:
     probe_tokens: int = _p("03_three_pass_replay", 32, "greedy probe length")
     stop_at_answer: bool = _p("03_three_pass_replay", True, "stop a continuation once its final answer is complete")
     passes: list = _l("03_three_pass_replay", ["exact1", "exact2", "refeed"],
-                      "exact1, exact2, refeed, optionally refeed2, serial, block16")
+                      "exact1, exact2, refeed, optionally refeed2, serial, block16, xplant_refeed_kv, "
+                      "xplant_decode_kv")
     pass_order: str = _p("03_three_pass_replay", "fixed", "fixed (as listed) or shuffled (seeded per problem)")
     verify_regeneration: bool = _p("03_three_pass_replay", True,
                                    "exact1 also continues the actual arm with the trunk's own seed and checks it")
+    prefix_precision: str = _p("03_three_pass_replay", "native",
+                               "[ours] native, or float32: re-fed prefix states (refeed, refeed2, serial, "
+                               "xplant_refeed_kv's prefix) prefilled by a float32 copy of the model and rounded "
+                               "to dtype; exact passes, xplant_decode_kv and every decode step unchanged (hf only)")
+    layer_profile: bool = _p("03_three_pass_replay", False,
+                             "[ours] write layer_profile.parquet: per pivot and layer, max |decode-time - re-fed| "
+                             "of K and V (hf only)")
     # --- 04 statistics
     records: str = _p("04_statistics", "run", "run: this run's records; published: the paper's seven runs")
     bootstrap_draws: int = _p("04_statistics", 2000, "bootstrap resamples of problems for the CIs")
@@ -180,7 +190,7 @@ def _check_type(name: str, value, where: str):
     if name in CHOICES and value not in CHOICES[name]:
         raise ValueError(f"{where}: parameter '{name}' is {value!r}; choose one of {CHOICES[name]}")
     if name == "passes":
-        known = {"exact1", "exact2", "refeed", "refeed2", "serial", "block16"}
+        known = {"exact1", "exact2", "refeed", "refeed2", "serial", "block16", *TRANSPLANT_PASSES}
         if (value[:1] != ["exact1"] or not {"exact2", "refeed"} <= set(value) <= known
                 or len(set(value)) != len(value)):
             raise ValueError(f"{where}: parameter 'passes' must start with 'exact1', include 'exact2' and 'refeed', "
@@ -208,6 +218,10 @@ def make(overrides: dict, where: str = "parameters") -> Params:
     if params.engine == "vllm" and "block16" in params.passes:
         raise ValueError(f"{where}: parameter 'passes' has block16, which the vllm engine does not run (its exact "
                          f"passes are block-granular resumes already); remove block16 or set engine: hf")
+    if params.engine == "vllm" and (set(TRANSPLANT_PASSES) & set(params.passes) or params.layer_profile
+                                    or params.prefix_precision != "native"):
+        raise ValueError(f"{where}: transplant passes, layer_profile and prefix_precision need engine: hf (vLLM's "
+                         f"APIs cannot place a given KV state into its prefix cache nor hand it out); set engine: hf")
     return params
 
 

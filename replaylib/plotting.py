@@ -358,3 +358,70 @@ def fig4_passes(comparisons):
         n = int(comparisons["n"].iloc[0]) if len(comparisons) else 0
         ax.set_title(f"common set n = {n}")
     return fig, ax
+
+
+# ------------------------------------------------------------------ [ours] issue 17: transplants, layer profile
+
+TRANSPLANT_LABELS = {"exact2": "exact2\n(replica)", "refeed": "refeed", "xplant_refeed_kv": "re-fed KV,\nexact decode",
+                     "xplant_decode_kv": "decode KV,\nrefeed prefill"}
+
+
+def fig5_transplant(table: pd.DataFrame):
+    """[ours] Figure 5: sign disagreement with exact1 of the replica, refeed and the two cache
+    transplants (``stats.transplant``), left; right, the share of pivots whose greedy-probe
+    first-token logprobs are bit-identical to exact1's and to refeed's. If the change follows
+    the cache, the re-fed-KV transplant sits with refeed and the decode-KV one with exact1."""
+    with mpl.rc_context(_RC):
+        fig = Figure(figsize=(DOUBLE, 2.6), layout="constrained")
+        left, right = fig.subplots(1, 2)
+        data = table.assign(label=[TRANSPLANT_LABELS.get(p, p) for p in table["pass"]],
+                            rate_pct=[100 * (r or 0.0) for r in table["rate"]])
+        colors = [FLOOR_COLOR if p == "exact2" else REFEED_COLOR if p == "refeed" else INVARIANT_COLOR
+                  for p in data["pass"]]
+        sns.barplot(data, x="label", y="rate_pct", hue="label", palette=colors, legend=False, ax=left, saturation=1)
+        left.set_xlabel("")
+        left.set_ylabel("sign disagreement with exact1 (%)")
+        n = int(table["n"].iloc[0]) if len(table) else 0
+        left.set_title(f"common set n = {n}")
+        long = pd.concat([data.assign(against="= exact1", share=[100 * (v or 0.0) for v in data["probe_equal_exact1"]]),
+                          data.assign(against="= refeed", share=[100 * (v or 0.0) for v in data["probe_equal_refeed"]])])
+        sns.barplot(long, x="label", y="share", hue="against", palette=[FLOOR_COLOR, REFEED_COLOR], ax=right,
+                    saturation=1)
+        right.set_xlabel("")
+        right.set_ylabel("probe logprobs bit-identical (%)")
+        right.set_ylim(0, 105)
+        pivots = int(table["pivots"].iloc[0]) if len(table) else 0
+        right.set_title(f"all pivots n = {pivots}")
+        right.legend(title=None, frameon=False)
+    return fig, (left, right)
+
+
+def fig6_layer_profile(profile: pd.DataFrame):
+    """[ours] Figure 6: max |decode-time - re-fed| of K (left) and V (right) per layer, median
+    over pivots with the range between the 10th and 90th percentiles, at prompt positions,
+    generated positions before the last, and the last prefix position (log y; zeros drawn
+    at the bottom). Data: the per-pivot rows of layer_profile.parquet."""
+    with mpl.rc_context(_RC):
+        fig = Figure(figsize=(DOUBLE, 2.6), layout="constrained")
+        axes = fig.subplots(1, 2, sharey=True)
+        where = {"max_abs_diff_prompt": ("prompt positions", FLOOR_COLOR),
+                 "max_abs_diff_generated": ("generated positions", INVARIANT_COLOR),
+                 "max_abs_diff_last": ("last prefix position", REFEED_COLOR)}
+        positive = profile[list(where)].to_numpy(float) if len(profile) else np.zeros((0, 3))
+        positive = positive[positive > 0]
+        floor = float(positive.min()) / 2 if len(positive) else 1e-6
+        for ax, tensor in zip(axes, ("k", "v")):
+            sub = profile[profile["tensor"] == tensor]
+            for col, (label, color) in where.items():
+                g = sub.groupby("layer")[col]
+                med, lo, hi = (g.median().clip(lower=floor), g.quantile(0.1).clip(lower=floor),
+                               g.quantile(0.9).clip(lower=floor))
+                ax.plot(med.index, med.to_numpy(), marker="o", ms=2.5, color=color, label=label)
+                ax.fill_between(med.index, lo.to_numpy(), hi.to_numpy(), color=color, alpha=0.15, lw=0)
+            ax.set_yscale("log")
+            ax.set_xlabel("layer")
+            n = sub.groupby(["problem_id", "pivot_id"]).ngroups if len(sub) else 0
+            ax.set_title(f"{tensor.upper()}: decode-time vs re-fed, n = {n} pivots")
+        axes[0].set_ylabel("max |difference| (median, p10-p90)")
+        axes[1].legend(frameon=False)
+    return fig, axes

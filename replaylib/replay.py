@@ -149,11 +149,13 @@ def typed(records: pd.DataFrame) -> pd.DataFrame:
 
 
 def replay_unit(engine, params: Params, pid: int, group: pd.DataFrame, trunks: pd.DataFrame, sampling_dir,
-                digests: dict | None, gold: str) -> pd.DataFrame:
-    """One unit of stage 03: every pass over one problem's pivots, on the engine that loads its trunks."""
+                digests: dict | None, gold: str) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """One unit of stage 03: every pass over one problem's pivots, on the engine that loads its trunks;
+    returns its records and, with layer_profile, its per-layer K/V differences."""
     jobs = build_jobs(group, trunks, params.k)
     state, verified = engine.problem_state(sampling_dir, pid, trunks, digests)
-    return typed(pd.DataFrame(replay_problem(engine, jobs, group, state, verified, gold, params)))
+    frame = typed(pd.DataFrame(replay_problem(engine, jobs, group, state, verified, gold, params)))
+    return frame, (pd.DataFrame(engine.layer_profile(jobs, state)) if params.layer_profile else None)
 
 
 def run(params: Params, out_dir=None) -> pd.DataFrame:
@@ -171,7 +173,9 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
     digests = sampling.state_digests(params, out_dir)
     gold = {p.problem_id: p.gold for p in load_problems(params.task)}
     shard = {pid: f"shards/problem_{pid:05d}.parquet" for pid in pivots.problem_id.unique()}
-    todo = [pid for pid in shard if not stage.has_shard(shard[pid])]
+    profile_shard = {pid: f"shards/layer_profile_{pid:05d}.parquet" for pid in shard} if params.layer_profile else {}
+    todo = [pid for pid in shard if not stage.has_shard(shard[pid])
+            or (pid in profile_shard and not stage.has_shard(profile_shard[pid]))]
     if todo:
         ex = make_executor(params)
         log.info("config %s, stage %s, executor %s: %d problems to replay", params.config, STAGE, ex.name, len(todo))
@@ -182,8 +186,11 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
             n_jobs = {pid: int((pivots.problem_id == pid).sum()) * len(params.passes) for pid in todo}
             bar = progress.bar(stage.path, "replay", sum(n_jobs.values()), "pivot-pass")
             pid_of = {label: pid for (label, _), pid in zip(units, todo)}
-            for label, frame in ex.map(replay_unit, units, ordered=False):  # written as they finish
+            for label, (frame, profile) in ex.map(replay_unit, units, ordered=False):  # written as they finish
                 pid = pid_of[label]
+                if profile is not None:  # [ours] where decode-time and re-fed K, V differ, per layer
+                    atomic_save(stage.file(profile_shard[pid]), lambda tmp: profile.to_parquet(tmp, index=False))
+                    stage.add_shard(profile_shard[pid])
                 atomic_save(stage.file(shard[pid]), lambda tmp: frame.to_parquet(tmp, index=False))
                 stage.add_shard(shard[pid])
                 if ex.name != "local":  # a local engine counts its passes as it runs them (replay_problem)
@@ -195,12 +202,22 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
     records["config"] = params.config
     atomic_save(stage.file("records.parquet"), lambda tmp: records.to_parquet(tmp, index=False))
     outputs = ["records.parquet"] + sorted(shard.values())
+    if profile_shard:
+        profile = pd.concat([pd.read_parquet(stage.file(profile_shard[pid])) for pid in shard], ignore_index=True)
+        atomic_save(stage.file("layer_profile.parquet"), lambda tmp: profile.to_parquet(tmp, index=False))
+        outputs += ["layer_profile.parquet"] + sorted(profile_shard.values())
     flagged = int((~records["exact_ok"]).sum())
     if flagged:
         log.warning("%d of %d pivots did not resume the saved state exactly; they are flagged (exact_ok False) "
                     "and excluded from the statistics by default", flagged, len(records))
     stage.finish(outputs, {"n_records": len(records), "flagged_not_exact": flagged})
     return records
+
+
+def load_layer_profile(params: Params, out_dir=None) -> pd.DataFrame | None:
+    """[ours] The replay stage's layer_profile.parquet, or None where the run has none."""
+    path = StageDir(params, STAGE, out_dir).path / "layer_profile.parquet"
+    return pd.read_parquet(path) if path.exists() else None
 
 
 def load(params: Params, out_dir=None) -> pd.DataFrame:

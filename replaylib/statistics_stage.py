@@ -60,7 +60,8 @@ def run_inputs(params, stage: StageDir, out_dir=None) -> dict:
                                        "batch_invariant": inv}}
     rows = {params.config: main, f"{params.config} batch-invariant": invariant}
     return {"rows": rows, "runs": {label: {"records": df} for label, df in rows.items()}, "cohorts": None,
-            "main": main, "main_label": params.config, "fig3": main, "invariant": invariant}
+            "main": main, "main_label": params.config, "fig3": main, "invariant": invariant,
+            "layer_profile": replay.load_layer_profile(params, out_dir)}
 
 
 def figures(inputs: dict) -> dict:
@@ -75,7 +76,31 @@ def figures(inputs: dict) -> dict:
     comparisons = stats.pass_comparisons(main)
     if len(comparisons) > 2:  # beyond exact2 and refeed: the extra passes of [ours]
         out["fig4_passes"] = (plotting.fig4_passes(comparisons), comparisons)
+    transplant = stats.transplant(main)
+    if len(transplant):  # [ours] issue 17: the cache transplants
+        out["fig5_transplant"] = (plotting.fig5_transplant(transplant), transplant)
+    profile = inputs.get("layer_profile")
+    if profile is not None and len(profile):
+        out["fig6_layer_profile"] = (plotting.fig6_layer_profile(profile), profile)
     return out
+
+
+def transplant_tables(inputs: dict) -> dict:
+    """[ours] Issue 17's tables, where the run has them: tab19_transplant (transplant passes)
+    and tab20_layer_profile (the per-layer profile summarised over pivots)."""
+    out = {}
+    t = tables.table_transplant(inputs["main"])
+    if len(t):
+        out["tab19_transplant"] = t
+    profile = inputs.get("layer_profile")
+    if profile is not None and len(profile):
+        out["tab20_layer_profile"] = stats.layer_profile_summary(profile)
+    return out
+
+
+def _records(df: pd.DataFrame) -> list:
+    """Rows as dicts with None, not NaN, where a value is missing (strict JSON)."""
+    return df.astype(object).where(df.notna(), None).to_dict("records")
 
 
 def summary(inputs: dict, n_boot: int) -> dict:
@@ -99,6 +124,9 @@ def summary(inputs: dict, n_boot: int) -> dict:
         "cohorts": {label: stats.summarize(df) for label, df in (inputs["cohorts"] or {}).items()},
         "runs": runs,
         "figure3": plotting.fig3_data(inputs["fig3"], inputs["invariant"]).to_dict("records"),
+        "transplant": _records(stats.transplant(main)),
+        "layer_profile": (_records(stats.layer_profile_summary(inputs["layer_profile"]))
+                          if inputs.get("layer_profile") is not None else []),
     }
 
 
@@ -114,6 +142,8 @@ def run(params, out_dir=None) -> dict:
     tdir, fdir = tables_dir(params.config, out_dir), figures_dir(params.config, out_dir)
     products = tables.write_tables(inputs["rows"], tdir, n_boot=params.bootstrap_draws,
                                    runs=inputs["runs"], cohorts=inputs["cohorts"])
+    for name, df in transplant_tables(inputs).items():
+        products += tables.write_table(df, name, tdir)
     for name, ((fig, _), data) in figures(inputs).items():
         products += plotting.save_figure(fig, name, fdir, data)
     result = summary(inputs, params.bootstrap_draws)

@@ -656,3 +656,102 @@ def resume_exactness(df: pd.DataFrame) -> dict:
             v = df[col].dropna().astype(bool)
             out[col] = {"checked": int(len(v)), "held": int(v.sum()), "share": _ratio(int(v.sum()), len(v))}
     return out
+
+
+# --------------------------------------------------------------------------- [ours] transplants (issue 17)
+
+TRANSPLANT_PASSES = ("xplant_refeed_kv", "xplant_decode_kv")
+TRANSPLANT_ROWS = ("exact2", "refeed", *TRANSPLANT_PASSES)
+
+
+def _probe_first(df: pd.DataFrame, pass_: str) -> list | None:
+    """Per record, {arm: first-token logprob} of a pass's greedy probes (None where absent)."""
+    import json
+    col = f"greedy_first_{pass_}"
+    if col not in df.columns:
+        return None
+    out = []
+    for v in df[col]:
+        v = json.loads(v) if isinstance(v, str) else v
+        out.append(None if v is None else {arm: float(x[1]) for arm, x in dict(v).items()})
+    return out
+
+
+def _probe_equal_share(df: pd.DataFrame, a: str, b: str) -> float | None:
+    """Share of records whose greedy probes' first-token logprobs are bit-identical in passes a and b
+    (both arms)."""
+    pa, pb = _probe_first(df, a), _probe_first(df, b)
+    if pa is None or pb is None or not len(df):
+        return None
+    pairs = [(x, y) for x, y in zip(pa, pb) if x is not None and y is not None]
+    return _ratio(sum(x == y for x, y in pairs), len(pairs)) if pairs else None
+
+
+def transplant(df: pd.DataFrame) -> pd.DataFrame:
+    """[ours] Where re-feeding's change enters (issue 17): the replica (exact2), refeed and the
+    two cache transplants, each against exact1, as Table 1 computes refeed's row.
+
+    On the common set of all the passes present (any A != 0; flagged records excluded): sign
+    disagreement with exact1 (rate, polarity reversals), the excess over the replica floor in
+    pp, McNemar z of the pass against the replica (b: only the pass disagrees, c: only the
+    replica), the problem-clustered t of the per-problem excess, and disagreement with refeed.
+    Over all records: the share of pivots whose greedy-probe first-token logprobs are bit-identical
+    to exact1's and to refeed's (the channel that does not need power). If the change follows
+    the cache, xplant_refeed_kv behaves as refeed and xplant_decode_kv as exact1."""
+    df = exclude_not_exact(df)[0]
+    present = [p for p in TRANSPLANT_ROWS if f"A_{p}" in df.columns and df[f"A_{p}"].notna().all()]
+    cols = ["pass", "n", "flips", "rate", "polarity", "excess_pp", "mcnemar_b", "mcnemar_c", "mcnemar_z",
+            "clustered_t", "n_problems", "flips_vs_refeed", "rate_vs_refeed", "pivots", "probe_equal_exact1",
+            "probe_equal_refeed"]
+    if not {"exact2", "refeed"} <= set(present) or not set(TRANSPLANT_PASSES) & set(present):
+        return pd.DataFrame(columns=cols)
+    nz = df["A_exact1"].to_numpy(float) != 0
+    for p in present:
+        nz |= df[f"A_{p}"].to_numpy(float) != 0
+    common = df.loc[nz]
+    floor = _disagrees(common, "exact2")
+    out = []
+    for p in present:
+        d = disagreement(common, p)
+        mine = _disagrees(common, p)
+        b, c = int(np.sum(mine & ~floor)), int(np.sum(floor & ~mine))
+        per = pd.DataFrame({"problem_id": common["problem_id"].to_numpy(), "x": mine.astype(int),
+                            "f": floor.astype(int)}).groupby("problem_id").agg(
+            n=("x", "size"), x=("x", "sum"), f=("f", "sum"))
+        _, t, _ = _t_stat((per["x"] - per["f"]) / per["n"]) if len(per) else (None, None, False)
+        vs_refeed = int(np.sum(sign(common[f"A_{p}"]) != sign(common["A_refeed"])))
+        out.append({"pass": p, "n": len(common), "flips": d["flips"], "rate": d["rate"], "polarity": d["polarity"],
+                    "excess_pp": None if not len(common) else 100.0 * (d["flips"] - int(floor.sum())) / len(common),
+                    "mcnemar_b": b, "mcnemar_c": c, "mcnemar_z": (b - c) / math.sqrt(b + c) if b + c else 0.0,
+                    "clustered_t": t, "n_problems": len(per), "flips_vs_refeed": vs_refeed,
+                    "rate_vs_refeed": _ratio(vs_refeed, len(common)), "pivots": len(df),
+                    "probe_equal_exact1": _probe_equal_share(df, "exact1", p),
+                    "probe_equal_refeed": _probe_equal_share(df, "refeed", p)})
+    return pd.DataFrame(out, columns=cols)
+
+
+def layer_profile_summary(profile: pd.DataFrame) -> pd.DataFrame:
+    """[ours] The per-pivot, per-layer profile of |decode-time - re-fed| K and V (replay stage's
+    layer_profile.parquet) summarised over pivots: per layer and tensor, the share of pivots
+    whose state differs at that layer, and the median and max over pivots of the max |difference|
+    at prompt positions, at generated positions before the last, at the last prefix position,
+    and relative to the layer's largest |value|."""
+    cols = ["layer", "tensor", "pivots", "share_differing", "median_prompt", "median_generated", "median_last",
+            "max_all", "median_relative", "median_first_diff_vs_prompt_end", "median_share_positions_differing"]
+    if profile is None or not len(profile):
+        return pd.DataFrame(columns=cols)
+    out = []
+    for (layer, tensor), g in profile.groupby(["layer", "tensor"], sort=True):
+        diff = g[g["first_diff_pos"] >= 0]
+        out.append({"layer": int(layer), "tensor": tensor, "pivots": len(g),
+                    "share_differing": float((g["max_abs_diff"] > 0).mean()),
+                    "median_prompt": float(g["max_abs_diff_prompt"].median()),
+                    "median_generated": float(g["max_abs_diff_generated"].median()),
+                    "median_last": float(g["max_abs_diff_last"].median()),
+                    "max_all": float(g["max_abs_diff"].max()),
+                    "median_relative": float((g["max_abs_diff"] / g["max_abs_value"].where(g["max_abs_value"] > 0)).median()),
+                    # where differences start, relative to the first generated position (< 0: inside the prompt)
+                    "median_first_diff_vs_prompt_end": (float((diff["first_diff_pos"] - diff["prompt_len"]).median())
+                                                        if len(diff) else None),
+                    "median_share_positions_differing": float(g["share_positions_differing"].median())})
+    return pd.DataFrame(out, columns=cols)

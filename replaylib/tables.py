@@ -364,6 +364,25 @@ def table_exactness(rows: dict) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def table_transplant(main) -> pd.DataFrame:
+    """[ours] tab19_transplant: the replica, refeed and the two cache transplants against exact1
+    (``stats.transplant``), formatted; empty where the records have no transplant pass."""
+    from replaylib.stats import transplant
+    t = transplant(main)
+    if not len(t):
+        return t
+    t = t.astype(object).where(t.notna(), None)  # a missing t prints "-"
+    return pd.DataFrame({
+        "pass": t["pass"], "n (common)": t["n"],
+        "disagreement (polarity)": [f"{_pct(r)} ({p})" for r, p in zip(t["rate"], t["polarity"])],
+        "excess pp": [_num(x, "+.1f") for x in t["excess_pp"]],
+        "McNemar b/c": [f"{b}/{c}" for b, c in zip(t["mcnemar_b"], t["mcnemar_c"])],
+        "z": [_num(x, ".2f") for x in t["mcnemar_z"]], "t_clust": [_num(x, ".2f") for x in t["clustered_t"]],
+        "vs refeed": [_pct(r) for r in t["rate_vs_refeed"]], "pivots": t["pivots"],
+        "probe = exact1": [_pct(x) for x in t["probe_equal_exact1"]],
+        "probe = refeed": [_pct(x) for x in t["probe_equal_refeed"]]})
+
+
 TABLES = {
     "tab1_main": table1,
     "tab2_jaccard": table_jaccard,
