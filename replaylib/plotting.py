@@ -360,7 +360,7 @@ def fig4_passes(comparisons):
     return fig, ax
 
 
-# ------------------------------------------------------------------ [ours] issue 17: transplants, layer profile
+# ------------------------------------------------------------------ [ours] transplants, layer profile
 
 TRANSPLANT_LABELS = {"exact2": "exact2\n(replica)", "refeed": "refeed", "xplant_refeed_kv": "re-fed KV,\nexact decode",
                      "xplant_decode_kv": "decode KV,\nrefeed prefill"}

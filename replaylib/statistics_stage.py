@@ -77,7 +77,7 @@ def figures(inputs: dict) -> dict:
     if len(comparisons) > 2:  # beyond exact2 and refeed: the extra passes of [ours]
         out["fig4_passes"] = (plotting.fig4_passes(comparisons), comparisons)
     transplant = stats.transplant(main)
-    if len(transplant):  # [ours] issue 17: the cache transplants
+    if len(transplant):  # [ours] the cache transplants
         out["fig5_transplant"] = (plotting.fig5_transplant(transplant), transplant)
     profile = inputs.get("layer_profile")
     if profile is not None and len(profile):
@@ -86,7 +86,7 @@ def figures(inputs: dict) -> dict:
 
 
 def transplant_tables(inputs: dict) -> dict:
-    """[ours] Issue 17's tables, where the run has them: tab19_transplant (transplant passes)
+    """[ours] The transplant tables, where the run has them: tab19_transplant (transplant passes)
     and tab20_layer_profile (the per-layer profile summarised over pivots)."""
     out = {}
     t = tables.table_transplant(inputs["main"])

@@ -658,7 +658,7 @@ def resume_exactness(df: pd.DataFrame) -> dict:
     return out
 
 
-# --------------------------------------------------------------------------- [ours] transplants (issue 17)
+# --------------------------------------------------------------------------- [ours] transplants
 
 TRANSPLANT_PASSES = ("xplant_refeed_kv", "xplant_decode_kv")
 TRANSPLANT_ROWS = ("exact2", "refeed", *TRANSPLANT_PASSES)
@@ -688,7 +688,7 @@ def _probe_equal_share(df: pd.DataFrame, a: str, b: str) -> float | None:
 
 
 def transplant(df: pd.DataFrame) -> pd.DataFrame:
-    """[ours] Where re-feeding's change enters (issue 17): the replica (exact2), refeed and the
+    """[ours] Where re-feeding's change enters: the replica (exact2), refeed and the
     two cache transplants, each against exact1, as Table 1 computes refeed's row.
 
     On the common set of all the passes present (any A != 0; flagged records excluded): sign

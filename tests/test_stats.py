@@ -379,7 +379,7 @@ def test_pass_comparisons_order_and_exactness_on_synthetic_records():
     assert e["regenerates_trunk"]["held"] == 3
 
 
-# ---------------------------------------------------------------- issue 11: metadata from the files, cache first
+# ---------------------------------------------------------------- metadata from the files, cache first
 
 def test_table1_metadata_from_config_blocks(rows):
     """Model, K, temperature and problems come from the records' config blocks, not literals."""

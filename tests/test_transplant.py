@@ -1,5 +1,4 @@
-"""[ours] Cache transplantation, the prefix-precision control and the layer profile (issue 17)."""
-import dataclasses
+"""[ours] Cache transplantation, the prefix-precision control and the layer profile."""
 
 import pytest
 import torch

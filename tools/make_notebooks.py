@@ -148,7 +148,7 @@ data the figure plots) and `runs/<config>/04_statistics/summary.json`."""),
         ("code", "for name in [\"tab2_jaccard\", \"tab3_exact1_excess\", \"tab4_bias\", \"tab5_margin\", \"tab6_probes\",\n             \"tab7_eligibility\", \"tab8_cache\", \"tab9_bootstrap\", \"tab13_clustered\", \"tab14_selection\"]:\n    display(Markdown(f\"**{name}**\\n\\n\" + (TABLES / f\"{name}.md\").read_text()))"),
         ("md", "## The pre-registered metrics, the cohorts and the runs\n\nThe primary metric as registered (each comparison on its own eligible set), checked against each published file's own `aggregate` block; Table 1 for the primary and screened cohorts apart and pooled; each run's elapsed time (its per-problem blocks: `tab17_per_problem`)."),
         ("code", "for name in [\"tab15_preregistered\", \"tab16_cohorts\", \"tab18_runs\"]:\n    display(Markdown(f\"**{name}**\\n\\n\" + (TABLES / f\"{name}.md\").read_text()))"),
-        ("md", """## Beyond the paper: where does re-feeding's change enter? (issue 17)
+        ("md", """## Beyond the paper: where does re-feeding's change enter?
 
 With `passes` holding `xplant_refeed_kv` (exact's procedure resuming the KV a fresh prefill of the
 prefix produces) and `xplant_decode_kv` (refeed's prefill call with the decode-time KV placed in
