@@ -331,10 +331,10 @@ def run_ours(engine, jobs, gold, settings: PassSettings, out_dir: Path) -> tuple
     traffic = DecodeTraffic(engine.model)
     forward = engine._forward
 
-    def counted_forward(ids, positions, cache, mask):
+    def counted_forward(ids, positions, cache, mask, *rest):
         if ids.shape[1] == 1:
             traffic.add_step(ids.shape[0], cache.get_seq_length() + 1)
-        return forward(ids, positions, cache, mask)
+        return forward(ids, positions, cache, mask, *rest)
 
     engine._forward = counted_forward
     undo = [clock.wrap(engine, "_prefill", "prefill"), clock.wrap(engine, "_decode", "decode"),
