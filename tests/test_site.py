@@ -209,7 +209,11 @@ def test_continuation_texts_are_shown_when_the_records_keep_their_tokens(tiny_ru
     records, (trunks, _, _) = replay.load(tiny, out), sampling.load(tiny, out)
     record = records.iloc[0].copy()
     passes = examples.passes_of(records)
-    assert examples.continuations(record, passes, trunks, tiny, out) is None  # this package's records: no tokens
+    # this package's records keep every pass's continuation tokens: the texts regrade to the recorded wins
+    real = examples.continuations(record, passes, trunks, tiny, out)
+    assert len(real) == len(passes) * 2 * tiny.k
+    for (name, arm), graded in real.groupby(["pass", "arm"]):
+        assert graded.R.sum() == record[f"wins_{name}_{arm}"], (name, arm)
     trunk = trunks[(trunks.problem_id == record.problem_id) & (trunks.rollout == record.rollout)].iloc[0]
     cont = [int(i) for i in trunk.gen_ids[record.gen_index + 1:record.gen_index + 4]]
     for name in passes:
