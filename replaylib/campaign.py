@@ -42,7 +42,7 @@ import yaml
 from . import params as params_mod
 from . import records as rec
 from . import stats
-from .params import EXECUTOR_KEYS, Params
+from .params import EXECUTOR_KEYS, Params, read_mapping
 from .rundir import (REPO, atomic_write_bytes, atomic_write_json, code_fingerprint, figures_dir, out_root,
                      sha256_file, tables_dir)
 
@@ -99,14 +99,8 @@ def load(path, overrides: dict | None = None) -> Campaign:
     """Read and check a campaign file; ``overrides``: executor values from the command line."""
     path = Path(path)
     where = str(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: campaign file not found; pick one of params/campaign-*.yaml")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ValueError(f"{where}: not valid YAML ({str(e).splitlines()[0]}); fix the file") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: must be a mapping (name, rows, invariant, figure1, figure3, ...)")
+    data = read_mapping(path, "campaign file not found; pick one of params/campaign-*.yaml",
+                        "(name, rows, invariant, figure1, figure3, ...)")
     unknown = sorted(set(data) - TOP_KEYS)
     if unknown:
         raise ValueError(f"{where}: unknown key '{unknown[0]}'; campaign keys are {', '.join(sorted(TOP_KEYS))}")

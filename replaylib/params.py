@@ -225,17 +225,25 @@ def make(overrides: dict, where: str = "parameters") -> Params:
     return params
 
 
-def load(path: str | Path) -> Params:
-    """Read a params YAML file; its stem is the default config name."""
-    path = Path(path)
+def read_mapping(path: Path, missing: str, shape: str) -> dict:
+    """A YAML file holding one mapping, or a one-line error naming the file (missing: the fix when it
+    does not exist; shape: what the mapping holds)."""
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: params file not found; pick one of params/*.yaml or give a path")
+        raise FileNotFoundError(f"{path}: {missing}")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise ValueError(f"{path}: not valid YAML ({str(e).splitlines()[0]}); fix the file") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: must be a mapping of parameter: value")
+        raise ValueError(f"{path}: must be a mapping {shape}")
+    return data
+
+
+def load(path: str | Path) -> Params:
+    """Read a params YAML file; its stem is the default config name."""
+    path = Path(path)
+    data = read_mapping(path, "params file not found; pick one of params/*.yaml or give a path",
+                        "of parameter: value")
     data.setdefault("config", path.stem)
     return make(data, where=str(path))
 
