@@ -60,6 +60,7 @@ import logging
 import math
 import os
 import sys
+import time
 
 from . import progress
 from .engine import ARMS, EngineUnavailable, PassSettings, PivotJob, PivotOutput, Trunk, trunk_seed
@@ -165,6 +166,7 @@ class VLLMEngine:
             raise EngineUnavailable(f"config '{params.config}': engine 'vllm' runs on CUDA only, but device is cpu; "
                                     f"set device: cuda, or engine: hf")
         prepare_environment(invariant, params.config)
+        started = time.perf_counter()
         import vllm
         from .models import resolve_model
         model = resolve_model(params.model)
@@ -186,6 +188,8 @@ class VLLMEngine:
                      attention_backend=backend, version=vllm.__version__, config=params.config, enforce_eager=eager,
                      trunk_settings={"temperature": params.temperature, "top_p": params.top_p,
                                      "max_new_tokens": params.max_trunk_tokens, "top_logprobs": params.top_logprobs})
+        log.info("config %s: vLLM engine started in %.1f s (import, weights, compilation, CUDA graphs; "
+                 "VLLM_CACHE_ROOT=%s)", params.config, time.perf_counter() - started, os.environ["VLLM_CACHE_ROOT"])
         if params.block_size > 1 and params.block_size != engine.block_size:
             log.warning("config %s: pivots are mined at block_size %d, but the engine's KV blocks hold %d tokens",
                         params.config, params.block_size, engine.block_size)

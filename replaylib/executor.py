@@ -14,11 +14,17 @@ one actor, so a problem's passes all run on the engine that holds its trunks. An
 dies is replaced by a fresh one and its unit retried once, on the next free actor; a
 unit whose worker dies twice stops the stage with a one-line error naming it. Errors raised
 by the unit's own code stop the stage as they would locally.
+
+On a GPU the engines start one at a time, each only once the one before is up, and a killed
+actor's process must have exited (its GPU memory freed) before another engine starts: vLLM
+measures the free GPU memory while it starts, and another process allocating or releasing
+memory meanwhile makes that start fail ("Error in memory profiling").
 """
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections import deque
 
@@ -67,6 +73,10 @@ def _actor_class():
             from .params import make
             self.engine = make_engine(make(overrides, where="ray actor"), invariant=invariant)
 
+        def ready(self) -> tuple[str, int]:
+            """Where the engine lives (host, process id): called once it has loaded."""
+            return socket.gethostname(), os.getpid()
+
         def run(self, fn, args, crash: bool):
             if crash:  # the test hook: die as a killed worker would, mid-unit
                 os._exit(1)
@@ -109,9 +119,53 @@ class RayExecutor:
                    "runtime_env": {"env_vars": {"PYTHONPATH": os.pathsep.join(
                        [str(REPO)] + [p for p in [os.environ.get("PYTHONPATH", "")] if p])}}}
         actor = _actor_class()
+        self.config, self.on_gpu, self.where = params.config, on_gpu, {}
         self._new_actor = lambda: actor.options(**options).remote(params.to_dict(), invariant)
-        self.actors = [self._new_actor() for _ in range(workers or params.ray_workers)]
+        n = workers or params.ray_workers
+        try:
+            if on_gpu:  # one engine start at a time (see the module's docstring)
+                self.actors = []
+                for _ in range(n):
+                    self.actors.append(self._started(self._new_actor()))
+            else:
+                self.actors = [self._new_actor() for _ in range(n)]
+                for a in self.actors:
+                    self._started(a)
+        except BaseException:
+            self.close()
+            raise
         log.info("ray executor: %d engine actor(s), %s GPU each", len(self.actors), options["num_gpus"])
+
+    def _started(self, actor):
+        """Wait until the actor's engine has loaded; a failed start is one line naming its cause."""
+        import ray
+        from ray.exceptions import RayActorError
+        try:
+            self.where[actor] = ray.get(actor.ready.remote())
+        except RayActorError as e:
+            lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+            cause = next((ln for ln in reversed(lines) if "Error" in ln.split(":")[0]), lines[-1] if lines else "")
+            raise RuntimeError(f"config '{self.config}': a Ray engine actor failed to start: {cause} "
+                               f"(see the Ray logs, /tmp/ray/session_latest/logs)") from None
+        return actor
+
+    def _kill(self, actor, timeout_s: float = 60.0):
+        """Kill an actor; on a GPU, wait (bounded) until its process has exited on this host."""
+        import ray
+        ray.kill(actor)
+        host, pid = self.where.pop(actor, (None, None))
+        if not (self.on_gpu and pid and host == socket.gethostname()):
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            except PermissionError:  # someone else's process now holds the number
+                return
+            time.sleep(0.2)
+        log.warning("ray executor: the killed engine actor (pid %d) still runs after %.0f s", pid, timeout_s)
 
     def call(self, fn, *args):
         """One unit on one actor (retried once if its worker dies)."""
@@ -150,8 +204,10 @@ class RayExecutor:
             except RayActorError as e:
                 # a fresh actor (a new process, the model loaded again) replaces the dead one; the
                 # retry goes to the next free actor first
-                ray.kill(actor)
+                self._kill(actor)
                 fresh = self._new_actor()
+                if self.on_gpu:  # no unit starts on the other engines while this one loads
+                    self._started(fresh)
                 self.actors[self.actors.index(actor)] = fresh
                 free.append(fresh)
                 if attempt >= 1:
@@ -171,8 +227,8 @@ class RayExecutor:
 
     def close(self):
         import ray
-        for a in self.actors:
-            ray.kill(a)
+        for a in getattr(self, "actors", []):
+            self._kill(a)
         self.actors = []
         if self.started:
             ray.shutdown()

@@ -235,3 +235,18 @@ def test_published_records_as_live_rows_reproduce_the_claims():
     broken["K=8"] = rows["K=8"].assign(A_refeed=rows["K=8"].A_exact1)  # refeed agrees with exact1 everywhere
     assert campaign.verdicts(c, broken)[0]["verdict"] == "does not hold"
     assert "K=8" in campaign.verdicts(c, broken)[0]["detail"]
+
+
+def test_an_engine_that_cannot_start_stops_in_one_line_naming_its_cause(tmp_path):
+    """An actor whose engine fails to load is not a dying worker to retry: the executor waits for
+    every engine to be up and reports the cause in one line."""
+    from replaylib.executor import make_executor
+    p = params.make({**campaign.load(TINY).configs["tiny-primary"].to_dict(), "executor": "ray", "ray_workers": 1,
+                     "model": str(tmp_path / "no-such-model")})
+    ray = _ray_init()
+    try:
+        with pytest.raises(RuntimeError, match="failed to start") as e:
+            make_executor(p)
+        assert "\n" not in str(e.value) and "no-such-model" in str(e.value)
+    finally:
+        ray.shutdown()
