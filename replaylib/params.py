@@ -198,8 +198,11 @@ def _check_type(name: str, value, where: str):
     return value
 
 
-def make(overrides: dict, where: str = "parameters") -> Params:
-    """Params from defaults plus overrides, refusing unknown keys and wrong types."""
+def make(overrides: dict, where: str = "parameters", scope=None) -> Params:
+    """Params from defaults plus overrides, refusing unknown keys and wrong types.
+
+    scope: the keys these Params speak for (a stage notebook's declared ones); the checks that
+    combine keys skip a key outside it, whose value is only the default."""
     names = Params.names()
     clean = {}
     for name, value in overrides.items():
@@ -209,17 +212,19 @@ def make(overrides: dict, where: str = "parameters") -> Params:
             raise ValueError(f"{where}: unknown parameter '{name}' ({hint})")
         clean[name] = _check_type(name, value, where)
     params = Params(**clean)
+    scope = set(names if scope is None else scope)
     if params.ray_workers < 1 or params.gpus_per_worker <= 0:
         bad = "ray_workers" if params.ray_workers < 1 else "gpus_per_worker"
         raise ValueError(f"{where}: parameter '{bad}' is {getattr(params, bad)!r}; it must be positive")
-    if params.engine == "vllm" and params.stop_at_answer:
+    if params.engine == "vllm" and "stop_at_answer" in scope and params.stop_at_answer:
         raise ValueError(f"{where}: parameter 'stop_at_answer' is true, which the vllm engine does not implement "
                          f"(its continuations run to EOS or max_cont_tokens, as in the paper); set stop_at_answer: false")
-    if params.engine == "vllm" and "block16" in params.passes:
+    if params.engine == "vllm" and "passes" in scope and "block16" in params.passes:
         raise ValueError(f"{where}: parameter 'passes' has block16, which the vllm engine does not run (its exact "
                          f"passes are block-granular resumes already); remove block16 or set engine: hf")
-    if params.engine == "vllm" and (set(TRANSPLANT_PASSES) & set(params.passes) or params.layer_profile
-                                    or params.prefix_precision != "native"):
+    if params.engine == "vllm" and ("passes" in scope and set(TRANSPLANT_PASSES) & set(params.passes)
+                                    or "layer_profile" in scope and params.layer_profile
+                                    or "prefix_precision" in scope and params.prefix_precision != "native"):
         raise ValueError(f"{where}: transplant passes, layer_profile and prefix_precision need engine: hf (vLLM's "
                          f"APIs cannot place a given KV state into its prefix cache nor hand it out); set engine: hf")
     return params
@@ -258,4 +263,4 @@ def notebook_keys(stage: str) -> list[str]:
 def from_notebook(namespace: dict, stage: str) -> Params:
     """Params from a notebook's parameters cell: the declared names for this stage."""
     keys = notebook_keys(stage)
-    return make({k: namespace[k] for k in keys if k in namespace}, where=f"notebook {stage}")
+    return make({k: namespace[k] for k in keys if k in namespace}, where=f"notebook {stage}", scope=keys)

@@ -124,3 +124,15 @@ def test_no_pivot_stops_stage_two_in_one_line_naming_the_parameter(sampled, tmp_
 def test_vllm_with_stop_at_answer_is_refused_when_the_params_are_read():
     with pytest.raises(ValueError, match="stop_at_answer.*set stop_at_answer: false"):
         params.make({"engine": "vllm", "stop_at_answer": True})
+
+
+def test_a_vllm_config_reads_in_every_stage_notebook():
+    """A stage notebook sees only its own keys; a key it does not declare keeps its default (the
+    transformers engine's stop_at_answer: true) and must not trip a check meant for the stage that
+    uses it."""
+    for name in ("gpu-embedded.yaml", "paper-primary.yaml"):
+        p = params.load(REPO / "params" / name)
+        for stage in params.STAGES:
+            keys = params.notebook_keys(stage)
+            got = params.from_notebook({k: getattr(p, k) for k in keys}, stage)
+            assert got.engine == "vllm"

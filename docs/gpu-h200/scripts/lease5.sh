@@ -29,15 +29,16 @@ if [[ $what == chain ]]; then
   export PYTHONUNBUFFERED=1 REPLAYLIB_MODELS=/tmp/models TQDM_DISABLE=1 RAY_USAGE_STATS_ENABLED=0
   step() { local name=$1 t=$2; shift 2; echo "=== $name start $(date -u +%T)" >> $L/progress
     timeout $t "$@" > $L/$name.log 2>&1; local rc=$?; echo "=== $name rc=$rc $(date -u +%T)" >> $L/progress; return $rc; }
-  step install 600 bash -c 'cd /tmp && cat whp/wh.part-* > wh.tar && sha256sum wh.tar && tar -xf wh.tar &&
+  rm -rf /tmp/rlray /tmp/rllocal $L/RAYDONE $L/ALLDONE; mkdir -p $L/old && mv $L/*.log $L/progress $L/old/ 2>/dev/null
+  [ -d /tmp/site/vllm ] || step install 600 bash -c 'cd /tmp && cat whp/wh.part-* > wh.tar && sha256sum wh.tar && tar -xf wh.tar &&
     cat xp/extra.part-* > extra.tar && sha256sum extra.tar && tar -xf extra.tar &&
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site wh/*.whl dlk/*.whl &&
     python3 -c "import vllm, ray, papermill, ipykernel, pypdfium2; print(\"vllm\", vllm.__version__, \"ray\", ray.__version__, \"papermill\", papermill.__version__)"' || { touch $L/ALLDONE; exit 1; }
   cd /tmp/repo
   step versions 120 bash -c 'date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv;
     python3 -c "import sys, vllm, torch, transformers, ray; print(sys.version); print(\"vllm\", vllm.__version__, \"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"transformers\", transformers.__version__, \"ray\", ray.__version__)"; cat COMMIT 2>/dev/null; md5sum replaylib/*.py'
-  step gguf 300 bash -c 'cat /tmp/gg/parts/g.part-* > /tmp/gg/model.gguf && sha256sum /tmp/gg/model.gguf'
-  step convert 600 python3 -m replaylib.models fetch --gguf /tmp/gg/model.gguf || { touch $L/ALLDONE; exit 1; }
+  [ -f /tmp/gg/model.gguf ] || step gguf 300 bash -c 'cat /tmp/gg/parts/g.part-* > /tmp/gg/model.gguf && sha256sum /tmp/gg/model.gguf'
+  [ -f /tmp/models/qwen2.5-coder-0.5b-instruct/config.json ] || step convert 600 python3 -m replaylib.models fetch --gguf /tmp/gg/model.gguf || { touch $L/ALLDONE; exit 1; }
   REPLAYLIB_OUT=/tmp/rlray step campaign_ray 1800 python3 -m replaylib.campaign params/campaign-gpu-embedded.yaml \
     --executor ray --ray-workers 2 --gpus-per-worker 0.5
   touch $L/RAYDONE
