@@ -71,7 +71,8 @@ def _actor_class():
     class EngineActor:
         def __init__(self, overrides: dict, invariant: bool):
             from .params import make
-            self.engine = make_engine(make(overrides, where="ray actor"), invariant=invariant)
+            # the driver checked these values; a stage's Params hold defaults for keys outside it
+            self.engine = make_engine(make(overrides, where="ray actor", scope=()), invariant=invariant)
 
         def ready(self) -> tuple[str, int]:
             """Where the engine lives (host, process id): called once it has loaded."""

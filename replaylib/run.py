@@ -145,8 +145,8 @@ class StageLine:
                                    + "".join(f", {e}" for e in extra) + "]")
             self.bar.total, self.bar.n = total, min(n, total)
             self.bar.desc = f"{self.stage} {state['desc']}"
-        if failed:
-            self.bar.desc += " FAILED"
+        if failed:  # getattr: a bar disabled by TQDM_DISABLE has no desc until one is set
+            self.bar.desc = f"{getattr(self.bar, 'desc', '') or self.stage} FAILED"
         if final or self.tty or time.time() - self.last_draw > 30:  # a log file gets a line every 30 s
             self.bar.refresh()
             self.last_draw = time.time()

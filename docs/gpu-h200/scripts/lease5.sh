@@ -49,6 +49,18 @@ if [[ $what == chain ]]; then
   touch $L/ALLDONE
   exit 0
 fi
+if [[ $what == ray2 ]]; then
+  # second try, with the fixes: stop whatever still runs, then the Ray campaign alone (code in /tmp/repo2)
+  pkill -f replaylib.campaign; pkill -f replaylib.run; pkill -f ipykernel_launcher; sleep 3
+  for i in $(seq 60); do [ "$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits)" -lt 100 ] && break; sleep 1; done
+  rm -rf /tmp/repo2 && mkdir -p /tmp/repo2 && tar --exclude=./.gpu --exclude=./.whl -cf - . | tar -xf - -C /tmp/repo2
+  rm -f $L/RAYDONE $L/ALLDONE; mkdir -p /tmp/rlray/runs && cp -r /tmp/rllocal/runs/.vllm-cache /tmp/rlray/runs/ 2>/dev/null
+  setsid bash -c 'export PYTHONPATH=/tmp/site HF_HUB_OFFLINE=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 PYTHONUNBUFFERED=1 REPLAYLIB_MODELS=/tmp/models RAY_USAGE_STATS_ENABLED=0 REPLAYLIB_OUT=/tmp/rlray;
+    cd /tmp/repo2; echo "=== campaign_ray2 start $(date -u +%T)" >> /tmp/logs/progress;
+    python3 -m replaylib.campaign params/campaign-gpu-embedded.yaml --executor ray --ray-workers 2 --gpus-per-worker 0.5 > /tmp/logs/campaign_ray2.log 2>&1;
+    echo "=== campaign_ray2 rc=$? $(date -u +%T)" >> /tmp/logs/progress; touch /tmp/logs/RAYDONE' > /dev/null 2>&1 < /dev/null &
+  sleep 1; echo launched ray2; exit 0
+fi
 if [[ $what == poll ]]; then
   lim=${2:-60}; flag=${3:-ALLDONE}; t0=$(date +%s)
   while [ $(( $(date +%s) - t0 )) -lt $lim ]; do [ -f $L/$flag ] && break; sleep 3; done
