@@ -64,15 +64,20 @@ def _crash_for(label: str, attempt: int) -> bool:
     return bool(want) and (want == f"{label}!" or (want == label and attempt == 0))
 
 
+def actor_params(overrides: dict) -> Params:
+    """The stage's Params, rebuilt in an actor. The driver checked them; a stage's Params hold
+    defaults for the keys outside it, which the checks that combine keys must not judge."""
+    from .params import make
+    return make(overrides, where="ray actor", scope=())
+
+
 def _actor_class():
     import ray
 
     @ray.remote(max_restarts=0, max_task_retries=0)
     class EngineActor:
         def __init__(self, overrides: dict, invariant: bool):
-            from .params import make
-            # the driver checked these values; a stage's Params hold defaults for keys outside it
-            self.engine = make_engine(make(overrides, where="ray actor", scope=()), invariant=invariant)
+            self.engine = make_engine(actor_params(overrides), invariant=invariant)
 
         def ready(self) -> tuple[str, int]:
             """Where the engine lives (host, process id): called once it has loaded."""

@@ -250,3 +250,14 @@ def test_an_engine_that_cannot_start_stops_in_one_line_naming_its_cause(tmp_path
         assert "\n" not in str(e.value) and "no-such-model" in str(e.value)
     finally:
         ray.shutdown()
+
+
+def test_a_ray_actor_rebuilds_a_vllm_stage_params():
+    """An actor rebuilds its stage's Params from the driver's values, defaults of other stages
+    included (stop_at_answer: true outside stage 03): a vLLM configuration must still load."""
+    from replaylib.executor import actor_params
+    p = params.load(REPO / "params" / "gpu-embedded.yaml")
+    for stage in params.STAGES:
+        keys = params.notebook_keys(stage)
+        got = params.from_notebook({k: getattr(p, k) for k in keys}, stage)
+        assert actor_params(got.to_dict()) == got

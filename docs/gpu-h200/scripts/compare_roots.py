@@ -1,7 +1,8 @@
 """Compare two output roots stage by stage: python compare_roots.py ROOT_A ROOT_B [CONFIG ...]
 
 Every data file of every stage present under both roots' runs/<config>/<stage>/ (not the
-executed notebooks, logs, manifests or engine descriptions, which name times and places) is
+executed notebooks, logs, manifests, engine descriptions, runner and progress files, which name
+times and places) is
 compared: equal bytes, else (Parquet) equal frames, else the columns that differ and in how many
 rows. Prints one line per file and a last line `identical=<n>/<m>`.
 """
@@ -12,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 SKIP_SUFFIXES = {".ipynb", ".log"}
-SKIP_NAMES = {"manifest.json", "engine.json", "resume.json", "DONE", "run.log"}
+SKIP_NAMES = {"manifest.json", "engine.json", "resume.json", "DONE", "run.log", "runner.json", "progress.json"}
 
 
 def digest(path: Path) -> str:
