@@ -9,8 +9,9 @@ batch-invariant row (one configuration's stage 5), the row drawn in Figure 1 and
 configurations pooled, undeduplicated, in Figure 3. Paths in it resolve from the
 repository root, so a copy of the file elsewhere works the same.
 
-The campaign runs every configuration's missing or stale stages through the runner
-(``python -m replaylib.run``: each stage is still its papermill notebook), one after the
+The campaign runs every configuration's missing or stale stages that it reads (stages 1-3;
+stage 5 for the batch-invariant row) through the runner (``python -m replaylib.run --upto``:
+each stage is still its papermill notebook), one after the
 other with ``executor: local``; with ``executor: ray`` the configurations run side by side
 (at most ``concurrent_configs`` at once) and their engines share the cluster: each stage's
 Ray actors wait for free GPUs. Then the campaign statistics notebook
@@ -84,6 +85,17 @@ class Campaign:
     @property
     def executor(self) -> str:
         return next(iter(self.configs.values())).executor
+
+    def stages_needed(self, name: str) -> list[str]:
+        """The stages the campaign reads from a configuration: the replay records (stage 3) of the
+        rows' and Figure 3's configurations, stage 5 of the batch-invariant one; a configuration's
+        own statistics (stage 4, which needs its stage 5) are left to `python -m replaylib.run`."""
+        stages = []
+        if any(name in r.configs for r in self.rows) or name in self.figure3:
+            stages.append("03_three_pass_replay")
+        if name in self.invariant.configs:
+            stages.append("05_batch_invariant")
+        return stages
 
 
 def _resolve(path, where: str, key: str) -> Path:
@@ -360,6 +372,7 @@ def _params_file(c: Campaign, name: str, out_dir=None) -> Path:
 def _run_config(c: Campaign, name: str, out_dir, force: bool, log_to_file: bool) -> tuple[str, int, str]:
     cmd = [sys.executable, "-m", "replaylib.run", str(_params_file(c, name, out_dir)),
            "--out", str(out_root(out_dir))] + (["--force"] if force else [])
+    cmd += [arg for stage in c.stages_needed(name) for arg in ("--upto", stage)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
     if not log_to_file:
         return name, subprocess.run(cmd, cwd=REPO, env=env).returncode, ""
@@ -448,7 +461,7 @@ def main(argv=None) -> int:
             return 0
         todo = {}
         for name, p in c.configs.items():
-            steps = runner.plan(p, [], args.force, args.out)
+            steps = runner.plan(p, [], args.force, args.out, c.stages_needed(name))
             if steps:
                 todo[name] = steps
     except (ValueError, FileNotFoundError) as e:

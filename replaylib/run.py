@@ -82,9 +82,19 @@ def staleness(params: Params, stage: str, out_dir) -> str | None:
     return None
 
 
-def plan(params: Params, named: list[str], force: bool, out_dir) -> list[tuple[str, str]]:
-    """(stage, reason) in order: named stages and what they need, or every stale stage."""
+def plan(params: Params, named: list[str], force: bool, out_dir, upto: list[str] | None = None
+         ) -> list[tuple[str, str]]:
+    """(stage, reason) in order: named stages and what they need, or every stale stage (with upto:
+    every stale stage among those stages and what they need, nothing after them)."""
     wanted = named or ([s for s in STAGES if s == "04_statistics"] if params.records == "published" else STAGES)
+    if upto and not named:
+        closure, todo_up = set(), list(upto)
+        while todo_up:
+            stage = todo_up.pop()
+            if stage not in closure:
+                closure.add(stage)
+                todo_up += params.data_upstream(stage)
+        wanted = [s for s in wanted if s in closure]
     todo: dict[str, str] = {}
 
     def need(stage: str, explicit: bool):
@@ -207,7 +217,8 @@ def shown(path: Path) -> str:
 
 
 def command(args) -> str:
-    return f"python -m replaylib.run {args.params}" + (f" --out {args.out}" if args.out else "")
+    return (f"python -m replaylib.run {args.params}" + "".join(f" --upto {u}" for u in args.upto or [])
+            + (f" --out {args.out}" if args.out else ""))
 
 
 def closing_summary(params: Params, out_dir, ran: list[tuple[str, float]], site_index: Path | None) -> str:
@@ -239,6 +250,8 @@ def main(argv=None) -> int:
     ap.add_argument("params", help="a params YAML file, e.g. params/embedded.yaml")
     ap.add_argument("stages", nargs="*", help=f"stages to run ({', '.join(STAGES)}); default: all missing or stale")
     ap.add_argument("--force", action="store_true", help="rerun the stages even if up to date")
+    ap.add_argument("--upto", action="append", metavar="STAGE",
+                    help="run the missing or stale stages up to STAGE and what it needs, nothing after (repeatable)")
     ap.add_argument("--out", default=None, help="root for runs/, figures/, tables/ (default: the repository)")
     ap.add_argument("--dry-run", action="store_true", help="say what would run, run nothing")
     ap.add_argument("--html", action="store_true", help="then build the report site, site/<config>/index.html")
@@ -246,7 +259,7 @@ def main(argv=None) -> int:
     try:
         params = load(args.params)
         named = [resolve_stage(s) for s in args.stages]
-        todo = plan(params, named, args.force, args.out)
+        todo = plan(params, named, args.force, args.out, [resolve_stage(s) for s in args.upto or []])
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

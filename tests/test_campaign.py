@@ -261,3 +261,16 @@ def test_a_ray_actor_rebuilds_a_vllm_stage_params():
         keys = params.notebook_keys(stage)
         got = params.from_notebook({k: getattr(p, k) for k in keys}, stage)
         assert actor_params(got.to_dict()) == got
+
+
+def test_a_campaign_runs_only_the_stages_it_reads(runs):
+    """Stages 1-3 of every row's configuration, stage 5 of the batch-invariant one only; no
+    configuration's own statistics (they need its stage 5)."""
+    c = campaign.load(TINY)
+    assert c.stages_needed("tiny-primary") == ["03_three_pass_replay", "05_batch_invariant"]
+    assert c.stages_needed("tiny-k4") == ["03_three_pass_replay"]
+    for executor, root in runs.items():
+        done = {p.parent.relative_to(root / "runs").as_posix() for p in root.glob("runs/tiny-*/*/DONE")}
+        assert done == {f"{n}/{s}" for n in c.configs for s in ("01_sampling", "02_pivot_mining",
+                                                                 "03_three_pass_replay")} | {
+            "tiny-primary/05_batch_invariant"}, executor

@@ -171,3 +171,13 @@ def test_runner_refuses_unknown_parameters_in_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "replaylib.run", str(REPO / "params" / "tiny.yaml"), "stage9"],
                           capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2 and "unknown stage" in proc.stderr
+
+
+def test_upto_runs_only_a_stage_and_what_it_needs(tiny_run, tmp_path):
+    tiny = params.load(REPO / "params" / "tiny.yaml")
+    fresh = tmp_path / "fresh"
+    assert [s for s, _ in plan(tiny, [], False, fresh, ["03_three_pass_replay"])] == [
+        "01_sampling", "02_pivot_mining", "03_three_pass_replay"]
+    assert [s for s, _ in plan(tiny, [], False, fresh, ["05_batch_invariant"])] == ["01_sampling", "05_batch_invariant"]
+    assert plan(tiny, [], False, tiny_run, ["03_three_pass_replay"]) == []  # up to date: nothing, not forced
+    assert [s for s, _ in plan(tiny, [], True, tiny_run, ["02_pivot_mining"])] == ["01_sampling", "02_pivot_mining"]

