@@ -5,6 +5,7 @@ One module fixture runs the real command line into a temporary directory: the pa
 """
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -123,10 +124,13 @@ def test_the_closing_summary_reads_its_numbers_from_the_statistics_files(tiny_ru
     assert "clustered t = 2.50 over 2 problems" in changed
 
 
-def test_a_failing_stage_says_which_why_where_and_how_to_resume(tmp_path):
+@pytest.mark.parametrize("tqdm_disable", ["", "1"])
+def test_a_failing_stage_says_which_why_where_and_how_to_resume(tmp_path, tqdm_disable):
+    """Also with TQDM_DISABLE=1 (progress bars off), where the reason once named the bar's error."""
     bad = tmp_path / "broken.yaml"
     bad.write_text("config: broken\nmodel: 'embedded:no-such-model'\nscreen_mixed: false\nn_problems: 1\n")
-    proc = subprocess.run(RUN + [str(bad), "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True)
+    env = {**os.environ, "TQDM_DISABLE": tqdm_disable}
+    proc = subprocess.run(RUN + [str(bad), "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, env=env)
     assert proc.returncode == 1
     err = proc.stderr
     assert "stage 01_sampling FAILED" in err
