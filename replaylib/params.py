@@ -69,7 +69,8 @@ class Params:
     executor: str = _p("executor", "local", "local (one engine in the stage's process) or ray (engines on Ray actors)")
     ray_address: str = _p("executor", "", "ray: empty starts a local Ray instance; auto or HOST:PORT joins a cluster")
     ray_workers: int = _p("executor", 1, "ray: engines (actors) to start, each loaded once")
-    gpus_per_worker: float = _p("executor", 1.0, "ray: GPUs per engine on CUDA (more: tensor parallel; fractions share)")
+    gpus_per_worker: float = _p("executor", 1.0, "ray: GPUs per engine on CUDA (at most 1: an engine uses one GPU; "
+                                                  "fractions let engines share one)")
     task: str = _p("01_sampling", "gsm8k", "task family: gsm8k or math500")
     model: str = _p("01_sampling", "embedded:qwen2.5-coder-0.5b-instruct",
                     "embedded:NAME, tiny[:SEED], a local model directory, or a hub id (GPU users)")
@@ -216,6 +217,10 @@ def make(overrides: dict, where: str = "parameters", scope=None) -> Params:
     if params.ray_workers < 1 or params.gpus_per_worker <= 0:
         bad = "ray_workers" if params.ray_workers < 1 else "gpus_per_worker"
         raise ValueError(f"{where}: parameter '{bad}' is {getattr(params, bad)!r}; it must be positive")
+    if params.gpus_per_worker > 1:
+        raise ValueError(f"{where}: parameter 'gpus_per_worker' is {params.gpus_per_worker:g}, but an engine uses one "
+                         f"GPU (tensor-parallel engines are not built), so the others would sit idle; set "
+                         f"gpus_per_worker: 1 (or a fraction, to share a GPU) and raise ray_workers instead")
     if params.engine == "vllm" and "stop_at_answer" in scope and params.stop_at_answer:
         raise ValueError(f"{where}: parameter 'stop_at_answer' is true, which the vllm engine does not implement "
                          f"(its continuations run to EOS or max_cont_tokens, as in the paper); set stop_at_answer: false")

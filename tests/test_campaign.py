@@ -274,3 +274,11 @@ def test_a_campaign_runs_only_the_stages_it_reads(runs):
         assert done == {f"{n}/{s}" for n in c.configs for s in ("01_sampling", "02_pivot_mining",
                                                                  "03_three_pass_replay")} | {
             "tiny-primary/05_batch_invariant"}, executor
+
+
+def test_more_than_one_gpu_per_engine_is_refused_in_one_line():
+    """An engine uses one GPU; reserving more would leave them idle while the run looks parallel."""
+    with pytest.raises(ValueError, match="'gpus_per_worker' is 2") as e:
+        params.make({"executor": "ray", "gpus_per_worker": 2})
+    assert "\n" not in str(e.value)
+    assert campaign.main([str(TINY), "--gpus-per-worker", "2", "--dry-run"]) == 2
