@@ -20,6 +20,11 @@ and figures/campaign-<name>/ (Figures 1-3), and runs/campaign-<name>/manifest.js
 its inputs (every row's records, sha256) and products; it reruns only when those inputs,
 the campaign file or its code change, or with --force.
 
+A stage that two configurations compute with the same key (the same parameters, the same
+upstream stages: e.g. the K=8 and greedy rows replaying the screened cohort's pivots) runs
+once: the later configuration gets a copy (its manifest says ``copied_from``), made only
+when the source's outputs are unchanged and its inputs are the later one's.
+
 Executor values: the command line overrides the campaign file, which overrides the params
 files. None of them is in any stage key (results do not depend on where they ran).
 """
@@ -43,9 +48,9 @@ import yaml
 from . import params as params_mod
 from . import records as rec
 from . import stats
-from .params import EXECUTOR_KEYS, Params, read_mapping
-from .rundir import (REPO, atomic_write_bytes, atomic_write_json, code_fingerprint, figures_dir, out_root,
-                     sha256_file, tables_dir)
+from .params import EXECUTOR_KEYS, RUN_ORDER, Params, read_mapping
+from .rundir import (REPO, atomic_write_bytes, atomic_write_json, code_fingerprint, copy_stage, figures_dir,
+                     out_root, sha256_file, tables_dir)
 
 NOTEBOOK = "06_campaign"
 PAPER_RECORDS = REPO / "data" / "paper-records"
@@ -96,6 +101,29 @@ class Campaign:
         if name in self.invariant.configs:
             stages.append("05_batch_invariant")
         return stages
+
+    def stages_read(self, name: str) -> list[str]:
+        """stages_needed and every stage they read, in run order."""
+        p, todo, closure = self.configs[name], list(self.stages_needed(name)), set()
+        while todo:
+            stage = todo.pop()
+            if stage not in closure:
+                closure.add(stage)
+                todo += p.data_upstream(stage)
+        return [s for s in RUN_ORDER if s in closure]
+
+    def shared_stages(self) -> dict:
+        """{(config, stage): source config}: a stage whose key (its parameters and its upstream
+        stages' keys) equals an earlier configuration's is copied from it, not computed again. In
+        the paper the K=8 and greedy rows replay the screened and primary cohorts' pivots: here their
+        sampling and pivot stages are the same computation, run once."""
+        first, shared = {}, {}
+        for name, p in self.configs.items():
+            for stage in self.stages_read(name):
+                source = first.setdefault((stage, p.stage_key(stage)), name)
+                if source != name:
+                    shared[(name, stage)] = source
+        return shared
 
 
 def _resolve(path, where: str, key: str) -> Path:
@@ -369,7 +397,48 @@ def _params_file(c: Campaign, name: str, out_dir=None) -> Path:
     return path
 
 
-def _run_config(c: Campaign, name: str, out_dir, force: bool, log_to_file: bool) -> tuple[str, int, str]:
+def copy_shared_stages(c: Campaign, name: str, out_dir=None) -> list[str]:
+    """Copy into configuration `name` every stage it would compute that an earlier configuration of
+    the campaign has finished with the same key, unchanged outputs and the same inputs; returns
+    the stages copied. A stage that cannot be copied is computed as usual."""
+    from .run import staleness
+    copied = []
+    runs = out_root(out_dir) / "runs"
+    for (dst, stage), source in c.shared_stages().items():
+        if dst != name or not staleness(c.configs[name], stage, out_dir):
+            continue
+        src_dir = runs / source / stage
+        if staleness(c.configs[source], stage, out_dir):
+            continue  # the source has not finished it (or it is stale): compute it here
+        manifest = json.loads((src_dir / "manifest.json").read_text())
+        intact = all((src_dir / rel).exists() and sha256_file(src_dir / rel) == digest
+                     for rel, digest in manifest.get("outputs", {}).items())
+        inputs_here = {}
+        for up in c.configs[name].data_upstream(stage):
+            try:
+                outputs = json.loads((runs / name / up / "manifest.json").read_text())["outputs"]
+            except (OSError, json.JSONDecodeError, KeyError):
+                outputs = {}
+            inputs_here |= {f"{up}/{rel}": digest for rel, digest in outputs.items()}
+        read_there = {k: v for k, v in manifest.get("inputs", {}).items()
+                      if k.split("/", 1)[0] in c.configs[name].data_upstream(stage)}
+        if not intact or read_there != inputs_here:
+            print(f"[campaign] {c.label}: {name} {stage}: not copied from {source} "
+                  f"({'its outputs changed' if not intact else 'other inputs'}); computing it", flush=True)
+            continue
+        copy_stage(src_dir, runs / name / stage, name, out_dir)
+        print(f"[campaign] {c.label}: {name} {stage}: copied from {source} (same parameters and inputs)",
+              flush=True)
+        copied.append(stage)
+    return copied
+
+
+def _run_config(c: Campaign, name: str, out_dir, force: bool, log_to_file: bool,
+                after: list | None = None) -> tuple[str, int, str]:
+    for fut in after or []:  # configurations this one copies stages from
+        fut.result()
+    if not force:
+        copy_shared_stages(c, name, out_dir)
     cmd = [sys.executable, "-m", "replaylib.run", str(_params_file(c, name, out_dir)),
            "--out", str(out_root(out_dir))] + (["--force"] if force else [])
     cmd += [arg for stage in c.stages_needed(name) for arg in ("--upto", stage)]
@@ -410,8 +479,15 @@ def run_configs(c: Campaign, todo: list[str], out_dir=None, force: bool = False)
     width = c.concurrent_configs or len(todo)
     failed = []
     try:
+        shared = c.shared_stages()
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, width)) as pool:
-            futures = [pool.submit(_run_config, c, n, out_dir, force, True) for n in todo]
+            # a configuration that copies stages from another waits for it (submitted before it, so
+            # the pool starts that one first)
+            futures = {}
+            for n in todo:
+                after = [futures[src] for (dst, _), src in shared.items() if dst == n and src in futures]
+                futures[n] = pool.submit(_run_config, c, n, out_dir, force, True, after)
+            futures = list(futures.values())
             for n in todo:
                 print(f"[campaign] {c.label}: configuration {n} started on Ray", flush=True)
             for fut in concurrent.futures.as_completed(futures):
@@ -468,9 +544,12 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"[campaign] {c.label}: {len(c.configs)} configurations, executor {c.executor}", flush=True)
+    shared = {} if args.force else c.shared_stages()
     for name, steps in todo.items():
         for stage, reason in steps:
-            print(f"[campaign] {c.label}: {name} {stage}: {'would run' if args.dry_run else 'to run'} ({reason})")
+            verb = "copy from " + shared[(name, stage)] if (name, stage) in shared else "run"
+            print(f"[campaign] {c.label}: {name} {stage}: {'would ' + verb if args.dry_run else 'to ' + verb} "
+                  f"({reason})")
     if args.dry_run:
         reason = "configurations rerun" if todo else (statistics_staleness(c, args.out) or
                                                       ("forced" if args.force else None))

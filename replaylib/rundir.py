@@ -286,6 +286,37 @@ class StageDir:
         return manifest
 
 
+def copy_stage(src: Path, dst: Path, dst_config: str, out_dir=None) -> None:
+    """Give another configuration a finished stage made with the same parameters and inputs: a copy
+    of the stage directory whose params.json and manifest name the new configuration (manifest
+    ``copied_from``), with its products (figures, tables) copied under the new configuration's name.
+    The caller checks that the keys and inputs are the same; the copy appears whole or not at all."""
+    root = out_root(out_dir)
+    src_config = src.parent.name
+    tmp = dst.parent / f".{dst.name}.copy-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(".*.tmp", ".write-test-*"))
+    recorded = json.loads((tmp / "params.json").read_text())
+    atomic_write_json(tmp / "params.json", {**recorded, "config": dst_config})
+    manifest = json.loads((tmp / "manifest.json").read_text())
+    products = {}
+    for rel, digest in manifest.get("products", {}).items():
+        parts = rel.split("/")
+        if len(parts) > 2 and parts[0] in ("figures", "tables") and parts[1] == src_config:
+            parts[1] = dst_config
+            (root / "/".join(parts)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / rel, root / "/".join(parts))
+        products["/".join(parts)] = digest
+    manifest.update({"config": dst_config, "copied_from": src.resolve().relative_to(root.resolve()).as_posix(),
+                     **({"products": products} if products else {})})
+    atomic_write_json(tmp / "manifest.json", manifest)
+    old = dst.parent / f".{dst.name}.old-{os.getpid()}"
+    if dst.exists():
+        dst.rename(old)
+    tmp.rename(dst)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def is_done(params: Params, stage: str, out_dir=None) -> bool:
     """Finished with the parameters `params` asks for."""
     path = out_root(out_dir) / "runs" / params.config / stage

@@ -57,19 +57,19 @@ def test_ray_and_local_give_identical_records(runs):
     # bit for bit: every data file has the same bytes, except the saved decode-time states, whose
     # safetensors header lists its entries in an order of its own: there every tensor and every
     # metadata entry (the digests) must be bit-identical
+    assert [k for k in local if not k.endswith("engine.json") and not _same_data(local[k], ray_[k])] == []
+
+
+def _same_data(a: Path, b: Path) -> bool:
+    """The same bytes; for saved decode-time states, every tensor and metadata entry bit-identical
+    (the safetensors header lists its entries in an order of its own)."""
+    if a.suffix != ".safetensors":
+        return sha256_file(a) == sha256_file(b)
     from safetensors import safe_open
-    differ = []
-    for k in local:
-        if k.endswith(".safetensors"):
-            with safe_open(local[k], "pt") as a, safe_open(ray_[k], "pt") as b:
-                same = a.metadata() == b.metadata() and set(a.keys()) == set(b.keys()) and all(
-                    a.get_tensor(n).view(-1).view(torch.uint8).equal(b.get_tensor(n).view(-1).view(torch.uint8))
-                    for n in a.keys())
-        else:
-            same = k.endswith("engine.json") or sha256_file(local[k]) == sha256_file(ray_[k])
-        if not same:
-            differ.append(k)
-    assert differ == []
+    with safe_open(a, "pt") as x, safe_open(b, "pt") as y:
+        return x.metadata() == y.metadata() and set(x.keys()) == set(y.keys()) and all(
+            x.get_tensor(n).view(-1).view(torch.uint8).equal(y.get_tensor(n).view(-1).view(torch.uint8))
+            for n in x.keys())
 
 
 def test_campaign_writes_its_items_and_records_them(runs):
@@ -274,6 +274,61 @@ def test_a_campaign_runs_only_the_stages_it_reads(runs):
         assert done == {f"{n}/{s}" for n in c.configs for s in ("01_sampling", "02_pivot_mining",
                                                                  "03_three_pass_replay")} | {
             "tiny-primary/05_batch_invariant"}, executor
+
+
+SHARED = ("01_sampling", "02_pivot_mining")
+
+
+def test_a_stage_with_the_same_key_is_copied_from_the_configuration_that_ran_it(runs):
+    """tiny-k4 replays tiny-screened's cohort (as the paper's K=8 row replays the screened one):
+    its sampling and pivot stages are tiny-screened's, copied, not computed twice."""
+    c = campaign.load(TINY)
+    assert c.shared_stages() == {("tiny-k4", s): "tiny-screened" for s in SHARED}
+    from replaylib.rundir import verify_run
+    for executor, root in runs.items():
+        for stage in SHARED:
+            mine = json.loads((root / "runs" / "tiny-k4" / stage / "manifest.json").read_text())
+            theirs = json.loads((root / "runs" / "tiny-screened" / stage / "manifest.json").read_text())
+            assert mine["copied_from"] == f"runs/tiny-screened/{stage}", executor
+            assert mine["config"] == "tiny-k4" and mine["outputs"] == theirs["outputs"]
+            assert json.loads((root / "runs" / "tiny-k4" / stage / "params.json").read_text())["config"] == "tiny-k4"
+        assert (root / "figures" / "tiny-k4" / "figS1_margins.png").exists()
+        assert verify_run(root / "runs" / "tiny-k4") == [], executor
+        assert "copied_from" not in json.loads(
+            (root / "runs" / "tiny-k4" / "03_three_pass_replay" / "manifest.json").read_text())
+
+
+def test_a_copied_stage_is_what_computing_it_gives(runs, tmp_path):
+    """The copy is no shortcut: tiny-k4's own sampling and pivot stages, computed alone, write the
+    same bytes."""
+    from replaylib import pivots, sampling
+    p = campaign.load(TINY).configs["tiny-k4"]
+    sampling.run(p, tmp_path)
+    pivots.run(p, tmp_path)
+    for stage in SHARED:
+        alone = json.loads((tmp_path / "runs" / "tiny-k4" / stage / "manifest.json").read_text())["outputs"]
+        copied = json.loads((runs["local"] / "runs" / "tiny-k4" / stage / "manifest.json").read_text())["outputs"]
+        assert set(alone) == set(copied) and len(alone) > 1
+        # engine.json describes the engine that ran (on a GPU its KV block count), not the results
+        assert [rel for rel in alone if rel != "engine.json" and not _same_data(
+            tmp_path / "runs" / "tiny-k4" / stage / rel, runs["local"] / "runs" / "tiny-k4" / stage / rel)] == []
+
+
+def test_a_source_whose_outputs_changed_is_not_copied(runs, tmp_path, capsys):
+    from replaylib.run import staleness
+    c = campaign.load(TINY)
+    shutil.copytree(runs["local"] / "runs" / "tiny-screened", tmp_path / "runs" / "tiny-screened")
+    shutil.copytree(runs["local"] / "figures" / "tiny-screened", tmp_path / "figures" / "tiny-screened")
+    trunks = tmp_path / "runs" / "tiny-screened" / "01_sampling" / "trunks.parquet"
+    saved = trunks.read_bytes()
+    trunks.write_bytes(saved + b"\0")
+    assert campaign.copy_shared_stages(c, "tiny-k4", tmp_path) == []
+    assert "tiny-k4 01_sampling: not copied from tiny-screened (its outputs changed)" in capsys.readouterr().out
+    assert staleness(c.configs["tiny-k4"], "01_sampling", tmp_path) == "not run yet"
+    trunks.write_bytes(saved)
+    assert campaign.copy_shared_stages(c, "tiny-k4", tmp_path) == list(SHARED)
+    assert all(staleness(c.configs["tiny-k4"], s, tmp_path) is None for s in SHARED)
+    assert campaign.copy_shared_stages(c, "tiny-k4", tmp_path) == []  # up to date: nothing to copy
 
 
 def test_more_than_one_gpu_per_engine_is_refused_in_one_line():
