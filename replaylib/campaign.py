@@ -21,7 +21,7 @@ its inputs (every row's records, sha256) and products; it reruns only when those
 the campaign file or its code change, or with --force.
 
 A stage that two configurations compute with the same key (the same parameters, the same
-upstream stages: e.g. the K=8 and greedy rows replaying the screened cohort's pivots) runs
+upstream stages: e.g. a K=8 row on the screened cohort's problems and settings) runs
 once: the later configuration gets a copy (its manifest says ``copied_from``), made only
 when the source's outputs are unchanged and its inputs are the later one's.
 
@@ -114,9 +114,8 @@ class Campaign:
 
     def shared_stages(self) -> dict:
         """{(config, stage): source config}: a stage whose key (its parameters and its upstream
-        stages' keys) equals an earlier configuration's is copied from it, not computed again. In
-        the paper the K=8 and greedy rows replay the screened and primary cohorts' pivots: here their
-        sampling and pivot stages are the same computation, run once."""
+        stages' keys) equals an earlier configuration's is copied from it, not computed again (e.g. a
+        K=8 row on the screened cohort: its sampling and pivot stages are the screened row's)."""
         first, shared = {}, {}
         for name, p in self.configs.items():
             for stage in self.stages_read(name):
