@@ -434,8 +434,8 @@ def copy_shared_stages(c: Campaign, name: str, out_dir=None) -> list[str]:
 
 def _run_config(c: Campaign, name: str, out_dir, force: bool, log_to_file: bool,
                 after: list | None = None) -> tuple[str, int, str]:
-    for fut in after or []:  # configurations this one copies stages from
-        fut.result()
+    for fut in after or []:  # configurations this one copies stages from (their own outcome is reported by them)
+        concurrent.futures.wait([fut])
     if not force:
         copy_shared_stages(c, name, out_dir)
     cmd = [sys.executable, "-m", "replaylib.run", str(_params_file(c, name, out_dir)),
