@@ -77,11 +77,14 @@ def _actor_class():
     @ray.remote(max_restarts=0, max_task_retries=0)
     class EngineActor:
         def __init__(self, overrides: dict, invariant: bool):
+            t0 = time.monotonic()
             self.engine = make_engine(actor_params(overrides), invariant=invariant)
+            self.start_s = time.monotonic() - t0
 
-        def ready(self) -> tuple[str, int]:
-            """Where the engine lives (host, process id): called once it has loaded."""
-            return socket.gethostname(), os.getpid()
+        def ready(self) -> tuple[str, int, float]:
+            """Where the engine lives (host, process id) and the seconds its start took: called
+            once it has loaded."""
+            return socket.gethostname(), os.getpid(), self.start_s
 
         def run(self, fn, args, crash: bool):
             if crash:  # the test hook: die as a killed worker would, mid-unit
@@ -147,12 +150,15 @@ class RayExecutor:
         import ray
         from ray.exceptions import RayActorError
         try:
-            self.where[actor] = ray.get(actor.ready.remote())
+            host, pid, start_s = ray.get(actor.ready.remote())
         except RayActorError as e:
             lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
             cause = next((ln for ln in reversed(lines) if "Error" in ln.split(":")[0]), lines[-1] if lines else "")
             raise RuntimeError(f"config '{self.config}': a Ray engine actor failed to start: {cause} "
                                f"(see the Ray logs, /tmp/ray/session_latest/logs)") from None
+        self.where[actor] = (host, pid)
+        # the engine logs its own start in the actor's process, which the stage's notebook never shows
+        log.info("ray executor: engine actor on %s (pid %d) started in %.1f s", host, pid, start_s)
         return actor
 
     def _kill(self, actor, timeout_s: float = 60.0):

@@ -252,6 +252,24 @@ def test_an_engine_that_cannot_start_stops_in_one_line_naming_its_cause(tmp_path
         ray.shutdown()
 
 
+def test_a_ray_engine_start_is_logged_in_the_stage(caplog):
+    """An engine's start-up time shows in the stage's own output (the engine's log line stays in
+    the actor's process)."""
+    import logging
+    import re
+    from replaylib.executor import make_executor
+    p = params.make({**campaign.load(TINY).configs["tiny-primary"].to_dict(), "executor": "ray", "ray_workers": 2})
+    ray = _ray_init()
+    try:
+        with caplog.at_level(logging.INFO, logger="replaylib"):
+            make_executor(p).close()
+        starts = [r.getMessage() for r in caplog.records if "started in" in r.getMessage()]
+        assert len(starts) == 2 and all(re.fullmatch(r"ray executor: engine actor on \S+ \(pid \d+\) started in "
+                                                     r"\d+\.\d s", m) for m in starts), starts
+    finally:
+        ray.shutdown()
+
+
 def test_a_ray_actor_rebuilds_a_vllm_stage_params():
     """An actor rebuilds its stage's Params from the driver's values, defaults of other stages
     included (stop_at_answer: true outside stage 03): a vLLM configuration must still load."""
