@@ -9,7 +9,8 @@
 # g9, the gguf wheel in .whl/gw with the first), the vLLM wheelhouse in 7 (.gpu/p00 ... p06), the
 # extra wheels (Ray, papermill, ipykernel, pypdfium2) in 2 (.whl/r0, r1); docs/gpu-h200.md says how
 # they were made. The GGUF comes first: its conversion (the device's torch and transformers) runs
-# while the wheels arrive.
+# while the wheels arrive. Parts split otherwise: set N_GGUF, N_WH, N_EXTRA (the part counts) for
+# `launch`.
 L=/tmp/logs; mkdir -p $L
 GGUF_SHA=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
 WH_SHA=0a3478062034311b70674ab184b860945f4d19bf6882e7f3a2544957e75ab2fb
@@ -21,7 +22,7 @@ if [[ $what == parts ]]; then
   for d in .whl/r*; do [ -d "$d" ] && put $d /tmp/xp; done
   for d in .whl/g[0-9]*; do [ -d "$d" ] && put $d /tmp/gg/parts; done
   [ -d .whl/gw ] && put .whl/gw /tmp/gw
-  echo "parts: gguf $(ls /tmp/gg/parts 2>/dev/null | wc -l)/10 wheelhouse $(ls /tmp/whp 2>/dev/null | wc -l)/7 extra $(ls /tmp/xp 2>/dev/null | wc -l)/2; $(tail -1 $L/progress 2>/dev/null)"
+  echo "parts: gguf $(ls /tmp/gg/parts 2>/dev/null | wc -l) wheelhouse $(ls /tmp/whp 2>/dev/null | wc -l) extra $(ls /tmp/xp 2>/dev/null | wc -l); $(tail -1 $L/progress 2>/dev/null)"
   exit 0
 fi
 if [[ $what == launch ]]; then
@@ -36,11 +37,12 @@ if [[ $what == chain ]]; then
     timeout $t "$@" > $L/$name.log 2>&1; local rc=$?; echo "=== $name rc=$rc $(date -u +%T)" >> $L/progress; return $rc; }
   fail() { echo "=== FAILED: $1 $(date -u +%T)" >> $L/progress; touch $L/ALLDONE; exit 1; }
   wait_for() { while [ "$(ls $1 2>/dev/null | wc -l)" -lt $2 ]; do sleep 1; done; }
+  N_GGUF=${N_GGUF:-10} N_WH=${N_WH:-7} N_EXTRA=${N_EXTRA:-2}
   checked() { local got; got=$(cat $1 | sha256sum | cut -d' ' -f1); [ "$got" = "$2" ] || { echo "sha256 $got, expected $2" >> $L/progress; return 1; }; }
   cd /tmp/repo
   echo "=== chain start $(date -u +%T) commit $(cat COMMIT 2>/dev/null)" >> $L/progress
   # the model: assemble and convert it as soon as its parts are here, while the wheels still arrive
-  ( wait_for /tmp/gg/parts 10
+  ( wait_for /tmp/gg/parts $N_GGUF
     checked "/tmp/gg/parts/g.part-*" $GGUF_SHA && cat /tmp/gg/parts/g.part-* > /tmp/gg/model.gguf || { echo 1 > $L/convert.rc; exit; }
     wait_for /tmp/gw 1
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/gsite /tmp/gw/*.whl
@@ -48,7 +50,7 @@ if [[ $what == chain ]]; then
     step convert 600 python3 -m replaylib.models fetch --gguf /tmp/gg/model.gguf
     echo $? > $L/convert.rc ) &
   conv=$!
-  wait_for /tmp/whp 7; wait_for /tmp/xp 2
+  wait_for /tmp/whp $N_WH; wait_for /tmp/xp $N_EXTRA
   checked "/tmp/whp/wh.part-*" $WH_SHA && checked "/tmp/xp/extra.part-*" $EXTRA_SHA || fail "wheel parts"
   step install 600 bash -c 'cd /tmp && cat whp/wh.part-* | tar -xf - && cat xp/extra.part-* | tar -xf - &&
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site wh/*.whl dlk/*.whl' ||
