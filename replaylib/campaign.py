@@ -104,12 +104,7 @@ class Campaign:
 
     def stages_read(self, name: str) -> list[str]:
         """stages_needed and every stage they read, in run order."""
-        p, todo, closure = self.configs[name], list(self.stages_needed(name)), set()
-        while todo:
-            stage = todo.pop()
-            if stage not in closure:
-                closure.add(stage)
-                todo += p.data_upstream(stage)
+        closure = self.configs[name].reading(self.stages_needed(name))
         return [s for s in RUN_ORDER if s in closure]
 
     def shared_stages(self) -> dict:
@@ -412,15 +407,16 @@ def copy_shared_stages(c: Campaign, name: str, out_dir=None) -> list[str]:
         manifest = json.loads((src_dir / "manifest.json").read_text())
         intact = all((src_dir / rel).exists() and sha256_file(src_dir / rel) == digest
                      for rel, digest in manifest.get("outputs", {}).items())
+        upstream = c.configs[name].data_upstream(stage)
         inputs_here = {}
-        for up in c.configs[name].data_upstream(stage):
+        for up in upstream:
             try:
                 outputs = json.loads((runs / name / up / "manifest.json").read_text())["outputs"]
             except (OSError, json.JSONDecodeError, KeyError):
                 outputs = {}
             inputs_here |= {f"{up}/{rel}": digest for rel, digest in outputs.items()}
         read_there = {k: v for k, v in manifest.get("inputs", {}).items()
-                      if k.split("/", 1)[0] in c.configs[name].data_upstream(stage)}
+                      if k.split("/", 1)[0] in upstream}
         if not intact or read_there != inputs_here:
             print(f"[campaign] {c.label}: {name} {stage}: not copied from {source} "
                   f"({'its outputs changed' if not intact else 'other inputs'}); computing it", flush=True)

@@ -155,6 +155,16 @@ class Params:
             return []
         return DATA_UPSTREAM[stage]
 
+    def reading(self, stages) -> set[str]:
+        """The stages named and every stage whose data they read, transitively."""
+        closure, todo = set(), list(stages)
+        while todo:
+            stage = todo.pop()
+            if stage not in closure:
+                closure.add(stage)
+                todo += self.data_upstream(stage)
+        return closure
+
     @classmethod
     def keys_for(cls, stage: str) -> list[str]:
         """Parameters a stage depends on: its own and all its upstream stages'."""

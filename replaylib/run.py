@@ -88,12 +88,7 @@ def plan(params: Params, named: list[str], force: bool, out_dir, upto: list[str]
     every stale stage among those stages and what they need, nothing after them)."""
     wanted = named or ([s for s in STAGES if s == "04_statistics"] if params.records == "published" else STAGES)
     if upto and not named:
-        closure, todo_up = set(), list(upto)
-        while todo_up:
-            stage = todo_up.pop()
-            if stage not in closure:
-                closure.add(stage)
-                todo_up += params.data_upstream(stage)
+        closure = params.reading(upto)
         wanted = [s for s in wanted if s in closure]
     todo: dict[str, str] = {}
 
