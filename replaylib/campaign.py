@@ -49,8 +49,8 @@ from . import params as params_mod
 from . import records as rec
 from . import stats
 from .params import EXECUTOR_KEYS, RUN_ORDER, Params, read_mapping
-from .rundir import (REPO, atomic_write_bytes, atomic_write_json, code_fingerprint, copy_stage, figures_dir,
-                     out_root, sha256_file, tables_dir)
+from .rundir import (REPO, atomic_write_bytes, atomic_write_json, changed_outputs, code_fingerprint, copy_stage,
+                     figures_dir, out_root, sha256_file, tables_dir)
 
 NOTEBOOK = "06_campaign"
 PAPER_RECORDS = REPO / "data" / "paper-records"
@@ -374,11 +374,8 @@ def statistics_staleness(c: Campaign, out_dir=None) -> str | None:
     now = {rel: (sha256_file(p) if p.exists() else None) for rel, p in files.items()}
     if now != manifest.get("inputs"):
         return "records changed"
-    root = out_root(out_dir)
-    for rel, digest in manifest.get("products", {}).items():
-        if not (root / rel).exists() or sha256_file(root / rel) != digest:
-            return f"{rel} changed or missing"
-    return None
+    changed = changed_outputs(out_root(out_dir), manifest.get("products", {}))
+    return f"{changed[0]} changed or missing" if changed else None
 
 
 # --------------------------------------------------------------------------- running
@@ -405,8 +402,7 @@ def copy_shared_stages(c: Campaign, name: str, out_dir=None) -> list[str]:
         if staleness(c.configs[source], stage, out_dir):
             continue  # the source has not finished it (or it is stale): compute it here
         manifest = json.loads((src_dir / "manifest.json").read_text())
-        intact = all((src_dir / rel).exists() and sha256_file(src_dir / rel) == digest
-                     for rel, digest in manifest.get("outputs", {}).items())
+        intact = not changed_outputs(src_dir, manifest.get("outputs", {}))
         upstream = c.configs[name].data_upstream(stage)
         inputs_here = {}
         for up in upstream:

@@ -163,6 +163,11 @@ def product_digests(paths, out_dir=None) -> dict:
     return {Path(p).resolve().relative_to(root).as_posix(): sha256_file(p) for p in sorted(set(paths))}
 
 
+def changed_outputs(path: Path, outputs: dict) -> list[str]:
+    """The outputs (file: sha256, as a stage's manifest records them) missing or changed in ``path``."""
+    return [rel for rel, digest in outputs.items() if not (path / rel).exists() or sha256_file(path / rel) != digest]
+
+
 class UpstreamError(RuntimeError):
     pass
 
@@ -198,12 +203,11 @@ class StageDir:
             diff = [f"{k}: {theirs.get(k)!r} there, {v!r} here" for k, v in mine.items() if theirs.get(k) != v]
             raise UpstreamError(f"{path}: made with other parameters ({'; '.join(diff) or 'upstream key differs'}); "
                                 f"rerun it: {fix}")
-        manifest = json.loads((path / "manifest.json").read_text())
-        for rel, digest in manifest.get("outputs", {}).items():
-            f = path / rel
-            if not f.exists() or sha256_file(f) != digest:
-                raise UpstreamError(f"{f}: changed or missing since the stage finished; rerun it: {fix}")
-            self.inputs[f"{stage}/{rel}"] = digest
+        outputs = json.loads((path / "manifest.json").read_text()).get("outputs", {})
+        changed = changed_outputs(path, outputs)
+        if changed:
+            raise UpstreamError(f"{path / changed[0]}: changed or missing since the stage finished; rerun it: {fix}")
+        self.inputs.update({f"{stage}/{rel}": digest for rel, digest in outputs.items()})
         return path
 
     # -- writing this stage
