@@ -2,6 +2,7 @@
 
     python -m replaylib.campaign CAMPAIGN.yaml [--executor local|ray] [--ray-workers N]
                                  [--ray-address ADDR] [--gpus-per-worker G] [--out DIR] [--dry-run] [--force]
+                                 [--stages-only]
 
 A campaign file (params/campaign-*.yaml) lists Table 1 rows (a label, one or more params
 files pooled as the paper pooled them, the published row it is compared with), the
@@ -11,10 +12,10 @@ repository root, so a copy of the file elsewhere works the same.
 
 The campaign runs every configuration's missing or stale stages that it reads (stages 1-3;
 stage 5 for the batch-invariant row) through the runner (``python -m replaylib.run --upto``:
-each stage is still its papermill notebook), one after the
-other with ``executor: local``; with ``executor: ray`` the configurations run side by side
-(at most ``concurrent_configs`` at once) and their engines share the cluster: each stage's
-Ray actors wait for free GPUs. Then the campaign statistics notebook
+each stage is still its papermill notebook), one after the other, or side by side with
+``concurrent_configs`` above 1 (with ``executor: ray``, all at once when it is 0): each runner is a
+process of its own, vLLM engines on one GPU start and stop in turn, and Ray actors wait for free
+GPUs. A configuration that copies stages from another starts once those stages are finished. Then the campaign statistics notebook
 (notebooks/06_campaign.ipynb) writes tables/campaign-<name>/ (tab1_main, live_vs_published)
 and figures/campaign-<name>/ (Figures 1-3), and runs/campaign-<name>/manifest.json with
 its inputs (every row's records, sha256) and products; it reruns only when those inputs,
@@ -280,25 +281,45 @@ def _verdict(results: dict) -> tuple[str, str]:
     return ("does not hold" if failing else "holds"), detail
 
 
+def engine_mode(p: Params) -> str:
+    """How a configuration's engine runs, in words: the paper's claims are judged per mode."""
+    if p.engine != "vllm":
+        return f"transformers, {p.device}"
+    return f"vLLM {p.vllm_serving}" + (", synchronized passes" if p.pass_submission == "synchronized" else "")
+
+
+def row_mode(c: Campaign, row: Row) -> str:
+    modes = {engine_mode(c.configs[n]) for n in row.configs if n in c.configs}
+    return modes.pop() if len(modes) == 1 else ("mixed" if modes else "")
+
+
 def verdicts(c: Campaign, rows: dict) -> list[dict]:
-    """One line per claim of the paper, from the live rows."""
-    stock = {r.label: stats.exclude_not_exact(rows[r.label])[0] for r in c.rows}
-    q = {label: quantities(df) for label, df in stock.items()}
-    excess = {k: None if v["t_clust"] is None or v["excess pp"] is None else bool(v["excess pp"] > 0
-                                                                                  and v["t_clust"] > 2)
-              for k, v in q.items()}
-    floor = {k: None if v["floor %"] is None else bool(v["floor %"] > 0) for k, v in q.items()}
-    inv = rows[c.invariant.label]
-    invariant = {c.invariant.label: bool(stats.passes_identical(inv)) if len(inv) else None}
-    jac = {}
-    for label, df in stock.items():
-        j = stats.jaccard(df, 0.5)
-        jac[label] = None if j["refeed"] is None or j["replica"] is None else bool(j["refeed"] < j["replica"])
-    claims = [("re-feed disagrees with exact1 above the replica floor (excess > 0, clustered t > 2)", excess),
-              ("the replica floor is above zero on the stock engine", floor),
-              ("batch-invariant rows: all passes identical on every channel", invariant),
-              ("Jaccard of re-feed's selection (|A| >= 0.5) below the replica ceiling", jac)]
-    return [{"claim": claim, **dict(zip(("verdict", "detail"), _verdict(res)))} for claim, res in claims]
+    """One line per claim of the paper and engine mode, from the live rows: a campaign with rows in
+    several serving modes (multi-process vLLM, in-process vLLM) is judged mode by mode."""
+    out = []
+    modes = list(dict.fromkeys(row_mode(c, r) for r in c.rows + [c.invariant]))
+    for mode in modes:
+        stock = {r.label: stats.exclude_not_exact(rows[r.label])[0] for r in c.rows if row_mode(c, r) == mode}
+        q = {label: quantities(df) for label, df in stock.items()}
+        excess = {k: None if v["t_clust"] is None or v["excess pp"] is None else bool(v["excess pp"] > 0
+                                                                                      and v["t_clust"] > 2)
+                  for k, v in q.items()}
+        floor = {k: None if v["floor %"] is None else bool(v["floor %"] > 0) for k, v in q.items()}
+        invariant = {}
+        if row_mode(c, c.invariant) == mode:
+            inv = rows[c.invariant.label]
+            invariant = {c.invariant.label: bool(stats.passes_identical(inv)) if len(inv) else None}
+        jac = {}
+        for label, df in stock.items():
+            j = stats.jaccard(df, 0.5)
+            jac[label] = None if j["refeed"] is None or j["replica"] is None else bool(j["refeed"] < j["replica"])
+        claims = [("re-feed disagrees with exact1 above the replica floor (excess > 0, clustered t > 2)", excess),
+                  ("the replica floor is above zero on the stock engine", floor),
+                  ("batch-invariant rows: all passes identical on every channel", invariant),
+                  ("Jaccard of re-feed's selection (|A| >= 0.5) below the replica ceiling", jac)]
+        out += [{"claim": claim, "mode": mode, **dict(zip(("verdict", "detail"), _verdict(res)))}
+                for claim, res in claims]
+    return out
 
 
 def _cell(v, quantity: str = ""):
@@ -319,7 +340,13 @@ def comparison_markdown(c: Campaign, table: pd.DataFrame, claims: list[dict]) ->
               f"[{_cell(r.ci95_low, q)}, {_cell(r.ci95_high, q)}]")
         lines.append(f"| {r.row} | {r[1]} | {q} | {_cell(r.published, q)} | {_cell(r.live, q)} | {ci} | {r[7]} |")
     lines += ["", "## The paper's claims, on the live records", ""]
-    lines += [f"- {x['claim']}: **{x['verdict']}** ({x['detail']})" for x in claims]
+    modes = list(dict.fromkeys(x.get("mode", "") for x in claims))
+    for mode in modes:
+        if len(modes) > 1:
+            lines += [f"### {mode}", ""]
+        lines += [f"- {x['claim']}: **{x['verdict']}** ({x['detail']})" for x in claims if x.get("mode", "") == mode]
+        if len(modes) > 1:
+            lines.append("")
     return "\n".join(lines) + "\n"
 
 
@@ -424,10 +451,20 @@ def copy_shared_stages(c: Campaign, name: str, out_dir=None) -> list[str]:
     return copied
 
 
+def _wait_for_sources(c: Campaign, name: str, after: list, out_dir, poll_s: float = 2.0) -> None:
+    """Wait until each configuration this one copies stages from has finished those stages (or has
+    ended, whatever its outcome, which it reports itself): the copy need not wait for the rest of
+    its run (its replay, its batch-invariant stage)."""
+    from .run import staleness
+    for source, fut in after:
+        stages = [stage for (dst, stage), src in c.shared_stages().items() if dst == name and src == source]
+        while not fut.done() and any(staleness(c.configs[source], st, out_dir) for st in stages):
+            time.sleep(poll_s)
+
+
 def _run_config(c: Campaign, name: str, out_dir, force: bool, log_to_file: bool,
                 after: list | None = None) -> tuple[str, int, str]:
-    for fut in after or []:  # configurations this one copies stages from (their own outcome is reported by them)
-        concurrent.futures.wait([fut])
+    _wait_for_sources(c, name, after or [], out_dir)
     if not force:
         copy_shared_stages(c, name, out_dir)
     cmd = [sys.executable, "-m", "replaylib.run", str(_params_file(c, name, out_dir)),
@@ -452,8 +489,15 @@ def _start_ray(c: Campaign, workers: int) -> str:
 
 
 def run_configs(c: Campaign, todo: list[str], out_dir=None, force: bool = False) -> list[str]:
-    """Run each configuration's stale stages through replaylib.run; returns the ones that failed."""
-    if c.executor != "ray":
+    """Run each configuration's stale stages through replaylib.run; returns the ones that failed.
+
+    One after the other (``concurrent_configs`` 0 or 1 with ``executor: local``), or side by side
+    (at most ``concurrent_configs``; with ``executor: ray`` all of them when it is 0), each runner
+    in its own process with its console in runs/campaign-<name>/logs/. Engines of side-by-side
+    configurations on one GPU start and stop in turn (engine_vllm.gpu_lifecycle_lock)."""
+    ray_executor = c.executor == "ray"
+    width = c.concurrent_configs or (len(todo) if ray_executor else 1)
+    if width <= 1 and not ray_executor:
         failed = []
         for name in todo:
             print(f"[campaign] {c.label}: configuration {name}", flush=True)
@@ -462,12 +506,12 @@ def run_configs(c: Campaign, todo: list[str], out_dir=None, force: bool = False)
                 break  # later configurations may be fine, but the campaign cannot finish: stop early
         return failed
     started = False
-    if not any(c.configs[n].ray_address for n in todo):
+    if ray_executor and not any(c.configs[n].ray_address for n in todo):
         address = _start_ray(c, sum(c.configs[n].ray_workers for n in todo))
         started = True
         for n in todo:
             c.configs[n] = dataclasses.replace(c.configs[n], ray_address=address)
-    width = c.concurrent_configs or len(todo)
+    where = "on Ray" if ray_executor else "(local executor)"
     failed = []
     try:
         shared = c.shared_stages()
@@ -476,11 +520,12 @@ def run_configs(c: Campaign, todo: list[str], out_dir=None, force: bool = False)
             # the pool starts that one first)
             futures = {}
             for n in todo:
-                after = [futures[src] for (dst, _), src in shared.items() if dst == n and src in futures]
+                after = list({src: futures[src] for (dst, _), src in shared.items()
+                              if dst == n and src in futures}.items())
                 futures[n] = pool.submit(_run_config, c, n, out_dir, force, True, after)
             futures = list(futures.values())
             for n in todo:
-                print(f"[campaign] {c.label}: configuration {n} started on Ray", flush=True)
+                print(f"[campaign] {c.label}: configuration {n} started {where}", flush=True)
             for fut in concurrent.futures.as_completed(futures):
                 name, rc, log = fut.result()
                 print(f"[campaign] {c.label}: configuration {name} {'done' if rc == 0 else 'FAILED'} (log: {log})",
@@ -517,6 +562,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="say what would run, run nothing")
     ap.add_argument("--force", action="store_true", help="rerun every stage and the campaign statistics")
     ap.add_argument("--list-params", action="store_true", help="print the campaign's params files, run nothing")
+    ap.add_argument("--stages-only", action="store_true",
+                    help="run the configurations' stages, not the campaign statistics (which can run later, "
+                         "elsewhere, from the same runs/: e.g. stages on a GPU machine, statistics on a laptop)")
     args = ap.parse_intermixed_args(argv)
     overrides = {"executor": args.executor, "ray_workers": args.ray_workers, "ray_address": args.ray_address,
                  "gpus_per_worker": args.gpus_per_worker}
@@ -552,6 +600,10 @@ def main(argv=None) -> int:
             print(f"error: {c.label}: configuration {', '.join(failed)} failed (see its stage notebook under "
                   f"runs/{failed[0]}/); fix it and rerun the campaign: finished stages are kept", file=sys.stderr)
             return 1
+    if args.stages_only:
+        print(f"[campaign] {c.label}: stages done; statistics left for later (python -m replaylib.campaign "
+              f"{args.campaign}" + (f" --out {args.out}" if args.out else "") + ")")
+        return 0
     reason = statistics_staleness(c, args.out) or ("forced" if args.force else None)
     if not reason:
         print(f"[campaign] {c.label}: statistics up to date")

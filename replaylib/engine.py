@@ -73,6 +73,7 @@ class PassSettings:
     verify_regeneration: bool = False  # exact passes also continue the actual arm with the trunk's seed
     trunk_temperature: float = 0.7
     trunk_top_p: float = 0.95
+    submission: str = "stock"  # vLLM multiprocess: stock (LLM.generate) or synchronized (all queued, then stepped)
 
 
 @dataclass

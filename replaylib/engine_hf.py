@@ -149,6 +149,10 @@ class HFEngine:
         return cls(resolve_model(params.model), params.device, params.dtype, invariant, params.max_batch_rows,
                    getattr(params, "prefix_precision", "native"))
 
+    def close(self) -> None:
+        """Free the model (nothing runs outside this process)."""
+        self.model = self._model32 = None
+
     def describe(self) -> dict:
         return {"engine": "hf", "model": self.model_path, "device": str(self.device), "dtype": self.dtype_name,
                 "linear_kernel": self.linear_kernel, "invariant": self.invariant,
@@ -445,6 +449,7 @@ class HFEngine:
             placed = out.resume.pop("placed")
             if kind in ("exact", "xdecode") and verified:
                 out.resume["state_ok"] = bool(verified[job.rollout] and placed)
+                out.resume["state"] = "saved"  # the sampling stage's tensors, digest-checked as placed
         return outputs
 
     def check_regeneration(self, jobs: list[PivotJob], settings: PassSettings, state) -> dict:

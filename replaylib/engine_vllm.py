@@ -5,9 +5,14 @@ vllm/sampling_params.py, vllm/logprobs.py, vllm/v1/sample/sampler.py,
 vllm/v1/core/block_pool.py, vllm/v1/metrics/); where this file relies on a detail of
 that source, the comment names it.
 
-- One offline engine inside this process (VLLM_ENABLE_V1_MULTIPROCESSING=0: with the
-  engine in a child process it hung on the H200), bf16, prefix caching on, seed 0.
-  VLLM_USE_FLASHINFER_SAMPLER=0 avoids a sampler kernel build that needs nvcc.
+- One offline engine, bf16, prefix caching on, seed 0, in the serving mode of the
+  configuration (`vllm_serving`, a keyed parameter: it changes the numerics):
+  multiprocess (vLLM's default and the paper's: the engine core runs in a child process,
+  spawned, and starts stepping while a call's requests are still arriving, so identical
+  calls can run in different batches) or inprocess (VLLM_ENABLE_V1_MULTIPROCESSING=0: one
+  process, every request of a call is in before the first step). prepare_environment sets
+  the mode before vLLM is imported and refuses a process or an environment set for the
+  other one. VLLM_USE_FLASHINFER_SAMPLER=0 avoids a sampler kernel build that needs nvcc.
 - Prompts are token ids ({"prompt_token_ids": ids}), never re-tokenised text.
 - Logprobs are the raw distribution (before temperature and top-p): logprobs_mode
   "raw_logprobs", set explicitly (also 0.22.1's default, vllm/config/model.py).
@@ -16,7 +21,22 @@ that source, the comment names it.
   problem (problem_state): reset the prefix cache, regenerate the problem's trunks with
   the identical requests (same batch, seeds, settings; sampling also resets before every
   problem, so both runs see the same fresh cache) and compare token ids and logprobs
-  with the saved trunks. The blocks are then resident.
+  with the saved trunks. Trunk requests are always submitted *synchronized*: in the
+  multi-process mode the scheduler is paused (LLM.sleep(level=0, mode="keep"): requests
+  queue, nothing steps), every request is queued (LLM.enqueue), scheduling resumes
+  (LLM.wake_up(["scheduling"])) and the outputs are collected (LLM.wait_for_completion),
+  so the first step sees the whole call as an in-process engine's does and the
+  regeneration can repeat the sampling stage's trunks bit for bit. The passes are
+  submitted as the configuration says (pass_submission: stock, one LLM.generate, as the
+  paper's harness ran; or synchronized, the control).
+- A pivot's exact resume is verified per pivot, not per rollout: its resumed blocks (the
+  full blocks before the pivot's block) must be the decode-time blocks of a regenerated
+  trunk whose tokens equal the saved ones over those blocks (`state`: "identical" when the
+  regenerated trunk equals the saved one in tokens and logprobs, "tokens" when only its
+  tokens agree that far: the resumed state is then the regeneration's own decode-time
+  state), every request of it must find at least that many tokens cached
+  (num_cached_tokens) and nothing may have been preempted; pivots beyond a regeneration's
+  first differing token are flagged (state "not established"), never used silently.
 - exact passes send `prompt + generated[:i] + [forced]` and the prefix cache serves the
   trunk's full blocks; the last partial block (the pivot's block) is prefilled, so the
   resume is exact to floor(abs_pos / block) * block tokens, as in the paper. Each
@@ -55,12 +75,18 @@ that source, the comment names it.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
+import json
 import logging
 import math
 import os
+import signal
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from . import progress
 from .engine import ARMS, EngineUnavailable, PassSettings, PivotJob, PivotOutput, Trunk, trunk_seed
@@ -75,17 +101,41 @@ def unavailable_message(config: str, what: str) -> str:
             f"(pip install -e '.[vllm]'), or set engine: hf")
 
 
-def compile_cache_dir():
-    """vLLM's cache root (torch.compile artefacts, CUDA-graph-ready code) under the run directory, so
-    that later stages and reruns start warm: on the H200 a 7B engine started in 77.8 s cold and 47.6 s
-    with this cache (docs/gpu-h200.md, lease 4)."""
-    from .rundir import out_root
-    return out_root() / "runs" / ".vllm-cache"
+SERVING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+SERVING_VALUE = {"multiprocess": "1", "inprocess": "0"}
 
 
-def prepare_environment(invariant: bool, config: str = "?") -> None:
-    """Environment vLLM reads at import time; refuses a process whose vLLM has the wrong mode."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+def _serving_in_env() -> str | None:
+    value = os.environ.get(SERVING_ENV, "").strip()
+    if not value:
+        return None
+    if value not in SERVING_VALUE.values():
+        raise RuntimeError(f"{SERVING_ENV}={value!r} is set in this environment; vLLM reads 0 or 1. Unset it: the "
+                           f"configuration's vllm_serving chooses the serving mode")
+    return "multiprocess" if value == "1" else "inprocess"
+
+
+def prepare_environment(invariant: bool, config: str = "?", serving: str = "multiprocess") -> None:
+    """Environment vLLM reads at import and engine start; refuses a process whose vLLM has the other mode.
+
+    serving: multiprocess (vLLM's default) or inprocess. The parameter decides, so a value of
+    VLLM_ENABLE_V1_MULTIPROCESSING that says otherwise is refused rather than silently measured."""
+    if serving not in SERVING_VALUE:
+        raise ValueError(f"config '{config}': vllm_serving must be one of {sorted(SERVING_VALUE)}, not {serving!r}")
+    have = _serving_in_env()
+    if "vllm" in sys.modules:
+        effective = have or "multiprocess"  # what vLLM does when the variable is unset
+        if effective != serving:
+            raise RuntimeError(f"config '{config}': vllm_serving is {serving}, but this process imported vLLM for the "
+                               f"{effective} mode; run the stage in a fresh process (its own notebook kernel)")
+    elif have is not None and have != serving:
+        raise RuntimeError(f"config '{config}': {SERVING_ENV}={os.environ[SERVING_ENV]} is set in this environment, "
+                           f"but the configuration asks vllm_serving: {serving} (the parameter decides: it is in the "
+                           f"stage key); unset {SERVING_ENV}")
+    os.environ[SERVING_ENV] = SERVING_VALUE[serving]
+    if serving == "multiprocess":
+        # the engine core is a child process; fork cannot carry a CUDA context the stage may already hold
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     os.environ.setdefault("VLLM_CACHE_ROOT", str(compile_cache_dir()))  # a value set by the user wins
     flag = os.environ.get("VLLM_BATCH_INVARIANT", "0") not in ("", "0")
@@ -98,6 +148,114 @@ def prepare_environment(invariant: bool, config: str = "?") -> None:
     elif not invariant and flag:
         raise RuntimeError(f"config '{config}': VLLM_BATCH_INVARIANT=1 is set in this process, but this stage "
                            f"measures the stock engine; unset it (only the batch-invariant stage sets it)")
+
+
+# ---------------------------------------------------------------- engine processes on this machine
+# A multi-process engine's core is a child process that vLLM does not stop when its parent dies: a
+# stage killed with SIGKILL would leave it holding GPU memory. Every engine core is registered here
+# (one JSON file per process) and removed when its engine closes; an engine start first stops the
+# registered engine cores whose stage process is gone. Engine starts and shutdowns on one GPU also
+# take a lock: vLLM measures the free GPU memory while it starts and fails when another process
+# releases memory meanwhile ("Error in memory profiling").
+
+def registry_dir() -> Path:
+    return Path(os.environ.get("REPLAYLIB_ENGINE_REGISTRY") or
+                Path(tempfile.gettempdir()) / f"replaylib-vllm-engines-{os.getuid()}")
+
+
+@contextlib.contextmanager
+def gpu_lifecycle_lock(config: str = "?"):
+    """Hold the lock of this process's GPUs (CUDA_VISIBLE_DEVICES) while an engine starts or stops."""
+    devices = os.environ.get("CUDA_VISIBLE_DEVICES", "all").replace(",", "_") or "none"
+    path = registry_dir() / f"gpu-{devices}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("config %s: waiting for another vLLM engine on this GPU to finish starting or stopping", config)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def engine_processes(exclude=()) -> list:
+    """This process's descendants that vLLM named (setproctitle: VLLM::EngineCore and its workers)."""
+    import psutil
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        if proc.pid in exclude:
+            continue
+        try:
+            title = proc.name() + " " + " ".join(proc.cmdline())
+        except psutil.Error:
+            continue
+        if "VLLM::" in title or "EngineCore" in title:
+            found.append(proc)
+    return found
+
+
+def register_engine_processes(procs, config: str) -> list[Path]:
+    import psutil
+    me = psutil.Process()
+    files = []
+    for proc in procs:
+        entry = {"pid": proc.pid, "create_time": proc.create_time(), "parent_pid": me.pid,
+                 "parent_create_time": me.create_time(), "config": config}
+        path = registry_dir() / f"engine-{proc.pid}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(entry))
+        files.append(path)
+    return files
+
+
+def _alive(pid: int, create_time: float):
+    import psutil
+    try:
+        proc = psutil.Process(pid)
+        return proc if abs(proc.create_time() - create_time) < 1e-3 and proc.status() != psutil.STATUS_ZOMBIE \
+            else None
+    except psutil.Error:
+        return None
+
+
+def reap_leftover_engines(timeout_s: float = 60.0) -> list[dict]:
+    """Stop the registered engine cores whose stage process has died; returns what was stopped."""
+    import psutil
+    stopped = []
+    for path in sorted(registry_dir().glob("engine-*.json")):
+        try:
+            entry = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            path.unlink(missing_ok=True)
+            continue
+        proc = _alive(entry["pid"], entry["create_time"])
+        if proc is None:
+            path.unlink(missing_ok=True)
+            continue
+        if _alive(entry["parent_pid"], entry["parent_create_time"]) is not None:
+            continue  # another stage's engine, still running: not ours to stop
+        for p in [proc] + proc.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(signal.SIGKILL)
+        gone, alive = psutil.wait_procs([proc], timeout=timeout_s)
+        log.warning("stopped a leftover vLLM engine core (pid %d, config %s): its stage process (pid %d) had died "
+                    "without shutting it down%s", entry["pid"], entry.get("config"), entry["parent_pid"],
+                    "" if not alive else f"; it still runs after {timeout_s:.0f} s")
+        if not alive:
+            path.unlink(missing_ok=True)
+        stopped.append({**entry, "stopped": not alive})
+    return stopped
+
+
+def compile_cache_dir():
+    """vLLM's cache root (torch.compile artefacts, CUDA-graph-ready code) under the run directory, so
+    that later stages and reruns start warm: on the H200 a 7B engine started in 77.8 s cold and 47.6 s
+    with this cache (docs/gpu-h200.md, lease 4)."""
+    from .rundir import out_root
+    return out_root() / "runs" / ".vllm-cache"
 
 
 def blocks(n_tokens: int, block_size: int) -> int:
@@ -127,17 +285,28 @@ def _ints(x) -> list[int]:
     return [int(v) for v in x]
 
 
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two sequences share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class VLLMEngine:
     name = "vllm"
 
     def __init__(self, llm, sampling_params_cls, model: str = "", dtype: str = "bfloat16", invariant: bool = False,
                  attention_backend: str = "", version: str = "", config: str = "?",
-                 trunk_settings: dict | None = None, enforce_eager: bool | None = None):
-        """Wrap an existing vllm.LLM (or a stand-in with the same methods, for tests)."""
+                 trunk_settings: dict | None = None, enforce_eager: bool | None = None, serving: str = "inprocess"):
+        """Wrap an existing vllm.LLM (or a stand-in with the same methods, for tests). serving: the mode the
+        LLM was started in (multiprocess or inprocess), which decides how trunk requests are submitted."""
         self.llm, self.SamplingParams = llm, sampling_params_cls
         self.model_path, self.dtype_name, self.invariant = model, dtype, invariant
         self.attention_backend, self.version, self.config = attention_backend, version, config
-        self.enforce_eager = enforce_eager
+        self.enforce_eager, self.serving = enforce_eager, serving
         cache_config = llm.llm_engine.vllm_config.cache_config
         self.block_size = int(cache_config.block_size)
         total = getattr(cache_config, "num_gpu_blocks", None)  # set by the engine core after profiling
@@ -154,6 +323,7 @@ class VLLMEngine:
         self.trunk_settings = trunk_settings  # temperature, top_p, max_new_tokens, top_logprobs
         self.epoch = 0  # prefix-cache resets so far
         self.preemptions: dict[str, int] = {}
+        self.processes, self.registered = [], []  # the engine core's processes and their registry files
 
     @classmethod
     def from_params(cls, params, invariant: bool = False) -> "VLLMEngine":
@@ -165,7 +335,7 @@ class VLLMEngine:
         if params.device == "cpu":
             raise EngineUnavailable(f"config '{params.config}': engine 'vllm' runs on CUDA only, but device is cpu; "
                                     f"set device: cuda, or engine: hf")
-        prepare_environment(invariant, params.config)
+        prepare_environment(invariant, params.config, params.vllm_serving)
         started = time.perf_counter()
         import vllm
         from .models import resolve_model
@@ -183,23 +353,72 @@ class VLLMEngine:
                       disable_log_stats=False)  # stats on: the preemption counter (LLM.get_metrics)
         if backend:
             kwargs["attention_config"] = {"backend": backend}
-        llm = vllm.LLM(**kwargs)
+        if params.kv_cache_gib:  # a fixed KV cache: vLLM then skips its free-memory profiling
+            kwargs["kv_cache_memory_bytes"] = int(params.kv_cache_gib * 2**30)
+        reap_leftover_engines()
+        with gpu_lifecycle_lock(params.config):
+            before = {p.pid for p in engine_processes()}
+            llm = vllm.LLM(**kwargs)
+            procs = engine_processes(exclude=before)
+            files = register_engine_processes(procs, params.config)
         engine = cls(llm, vllm.SamplingParams, model=model, dtype=params.dtype, invariant=invariant,
                      attention_backend=backend, version=vllm.__version__, config=params.config, enforce_eager=eager,
                      trunk_settings={"temperature": params.temperature, "top_p": params.top_p,
-                                     "max_new_tokens": params.max_trunk_tokens, "top_logprobs": params.top_logprobs})
-        log.info("config %s: vLLM engine started in %.1f s (import, weights, compilation, CUDA graphs; "
-                 "VLLM_CACHE_ROOT=%s)", params.config, time.perf_counter() - started, os.environ["VLLM_CACHE_ROOT"])
+                                     "max_new_tokens": params.max_trunk_tokens, "top_logprobs": params.top_logprobs},
+                     serving=params.vllm_serving)
+        engine.processes, engine.registered = procs, files
+        if params.vllm_serving == "multiprocess" and not procs:
+            log.warning("config %s: no vLLM engine-core process was found beside this one in the multiprocess "
+                        "mode; a killed stage's engine could not be stopped by the next one", params.config)
+        log.info("config %s: vLLM engine started in %.1f s (%s; import, weights, compilation, CUDA graphs; "
+                 "VLLM_CACHE_ROOT=%s)", params.config, time.perf_counter() - started,
+                 f"multiprocess, engine core pid {', '.join(str(p.pid) for p in procs) or '?'}"
+                 if params.vllm_serving == "multiprocess" else "inprocess", os.environ["VLLM_CACHE_ROOT"])
         if params.block_size > 1 and params.block_size != engine.block_size:
             log.warning("config %s: pivots are mined at block_size %d, but the engine's KV blocks hold %d tokens",
                         params.config, params.block_size, engine.block_size)
         return engine
 
+    def close(self, timeout_s: float = 60.0) -> list[int]:
+        """Shut the engine down and wait until its engine-core processes have exited; returns their pids.
+        A process that outlives the shutdown is killed and named in a warning."""
+        if self.llm is None:
+            return []
+        import psutil
+        with gpu_lifecycle_lock(self.config):
+            try:
+                self.llm.llm_engine.engine_core.shutdown()
+            except Exception as e:  # noqa: BLE001 - a failing shutdown still ends in the checks below
+                log.warning("config %s: vLLM engine shutdown raised %s: %s", self.config, type(e).__name__, e)
+            self.llm = None
+            if self.serving == "inprocess":  # give the GPU memory back while holding the lock, not at exit
+                import gc
+                gc.collect()
+                with contextlib.suppress(Exception):
+                    import torch
+                    torch.cuda.empty_cache()
+            procs = list(self.processes) + [p for p in engine_processes() if p.pid not in
+                                            {q.pid for q in self.processes}]
+            gone, alive = psutil.wait_procs(procs, timeout=timeout_s)
+            for proc in alive:
+                log.warning("config %s: vLLM engine process %d still ran %.0f s after shutdown; killed", self.config,
+                            proc.pid, timeout_s)
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+            psutil.wait_procs(alive, timeout=10)
+            for path in self.registered:
+                path.unlink(missing_ok=True)
+        if procs:
+            log.info("config %s: vLLM engine stopped (engine-core processes %s exited)", self.config,
+                     ", ".join(str(p.pid) for p in procs))
+        return [p.pid for p in procs]
+
     def describe(self) -> dict:
         return {"engine": "vllm", "model": self.model_path, "device": "cuda", "dtype": self.dtype_name,
                 "block_size": self.block_size, "num_gpu_blocks": self.num_blocks,
-                "attention_backend": self.attention_backend or "auto", "batch_invariant": self.invariant,
-                "invariant": self.invariant, "enforce_eager": self.enforce_eager, "logprobs_mode": LOGPROBS_MODE,
+                "batch_invariant": self.invariant, "attention_backend": self.attention_backend or "default",
+                "enforce_eager": self.enforce_eager, "logprobs_mode": LOGPROBS_MODE, "serving": self.serving,
+                "trunk_submission": "synchronized" if self.serving == "multiprocess" else "in-process",
                 "vllm": self.version}
 
     # ---------------------------------------------------------------- text
@@ -226,13 +445,27 @@ class VLLMEngine:
             return None
         return int(sum(getattr(m, "value", 0) for m in metrics if m.name == "vllm:num_preemptions"))
 
-    def _generate(self, prompts: list[list[int]], params: list, label: str):
-        """One llm.generate call; returns (outputs in request order, preemptions during it or None)."""
+    def _submit(self, requests: list[dict], params: list, synchronized: bool):
+        """The outputs of one call, in request order. synchronized, on the multi-process engine: pause its
+        scheduler (sleep level 0 keeps weights and cache: requests queue, nothing steps), queue every
+        request, resume, collect; its first step then sees the whole call, as an in-process engine's
+        does. Otherwise one LLM.generate (in-process, every request is in before the first step anyway)."""
+        if not (synchronized and self.serving == "multiprocess"):
+            return self.llm.generate(requests, params, use_tqdm=False)
+        self.llm.sleep(level=0, mode="keep")
+        try:
+            self.llm.enqueue(requests, params, use_tqdm=False)
+        finally:
+            self.llm.wake_up(tags=["scheduling"])
+        return self.llm.wait_for_completion(use_tqdm=False)
+
+    def _generate(self, prompts: list[list[int]], params: list, label: str, synchronized: bool = False):
+        """One call; returns (outputs in request order, preemptions during it or None)."""
         before = self._preemption_count()
         # plain Python ints: ids read back from Parquet are numpy.int64, and vLLM hashes the token ids of
         # its prefix-cache blocks as given, so numpy ids never match the trunk's blocks (seen on the H200:
         # exact1 missed the cache on 15 of 21 pivots, exact2 then hit exact1's own numpy-hashed blocks)
-        outs = self.llm.generate([{"prompt_token_ids": _ints(p)} for p in prompts], params, use_tqdm=False)
+        outs = self._submit([{"prompt_token_ids": _ints(p)} for p in prompts], params, synchronized)
         progress.tokens(sum(len(c.token_ids) for o in outs for c in o.outputs), len(outs))
         after = self._preemption_count()
         if len(outs) != len(prompts):
@@ -245,11 +478,12 @@ class VLLMEngine:
 
     # ---------------------------------------------------------------- trunks
     def _trunk_requests(self, pid: int, prompt: list[int], seeds: list[tuple[int, int]], s: dict):
-        """Sample one problem's trunks (rollout, seed) on a freshly reset prefix cache."""
+        """Sample one problem's trunks (rollout, seed) on a freshly reset prefix cache, submitted
+        synchronized (the regeneration must be able to repeat them)."""
         self._reset(f"trunks of problem {pid}")
         params = [self.SamplingParams(temperature=s["temperature"], top_p=s["top_p"], max_tokens=s["max_new_tokens"],
                                       logprobs=s["top_logprobs"], seed=seed, detokenize=False) for _, seed in seeds]
-        outs, preempted = self._generate([prompt] * len(seeds), params, f"trunks of problem {pid}")
+        outs, preempted = self._generate([prompt] * len(seeds), params, f"trunks of problem {pid}", synchronized=True)
         trunks = []
         for (r, seed), out in zip(seeds, outs):
             comp = out.outputs[0]
@@ -261,7 +495,7 @@ class VLLMEngine:
 
     def sample_trunks(self, prompts: dict[int, list[int]], n_rollouts: int, seeds: dict, temperature: float,
                       top_p: float, max_new_tokens: int, top_logprobs: int, stop_at_answer: bool = False):
-        """Trunks for several problems, one generate call per problem (the batch problem_state
+        """Trunks for several problems, one call per problem (the batch problem_state
         regenerates); returns (trunks by problem, None): the KV stays in this process."""
         self.trunk_settings = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens,
                                "top_logprobs": top_logprobs}
@@ -277,7 +511,8 @@ class VLLMEngine:
         trunks: the sampling stage's trunk table (columns problem_id, rollout, seed, prompt_ids,
         gen_ids, topk_ids, topk_logprobs); sampling_dir and expected are unused (nothing is saved on
         disk: the regenerated trunks are compared with the saved ones token and logprob for logprob).
-        Returns (state handle, {rollout: regenerated trunk identical to the saved one}).
+        Returns (state handle, {rollout: the regeneration ran clean}): whether a pivot's resumed
+        blocks hold the saved tokens is decided per pivot in each exact pass (_resident).
         """
         if self.trunk_settings is None:
             raise ValueError("the trunks' sampling settings are unknown; build the engine with from_params")
@@ -291,32 +526,56 @@ class VLLMEngine:
         prompts = {tuple(s["prompt_ids"]) for s in saved.values()}
         if len(prompts) != 1:
             raise ValueError(f"problem {problem_id}: its trunks do not share one prompt")
-        state = {"problem_id": problem_id, "prompt_ids": saved[min(saved)]["prompt_ids"], "saved": saved,
-                 "trunk_blocks": sum(blocks(len(s["prompt_ids"]) + len(s["gen_ids"]), self.block_size)
-                                     for s in saved.values())}
+        state = {"problem_id": problem_id, "prompt_ids": saved[min(saved)]["prompt_ids"], "saved": saved}
         self._establish(state)
-        return state, dict(state["identical"])
+        return state, {r: state["clean"] for r in saved}
 
     def _establish(self, state: dict) -> None:
         saved = state["saved"]
         regen, preempted = self._trunk_requests(state["problem_id"], state["prompt_ids"],
                                                 [(r, s["seed"]) for r, s in sorted(saved.items())], self.trunk_settings)
         # preempted None: the metrics could not be read, so the regeneration is not known to be clean
-        state["identical"] = {t.rollout: bool(preempted == 0 and t.gen_ids == saved[t.rollout]["gen_ids"]
+        state["clean"] = preempted == 0
+        state["identical"] = {t.rollout: bool(state["clean"] and t.gen_ids == saved[t.rollout]["gen_ids"]
                                               and t.topk_ids == saved[t.rollout]["topk_ids"]
                                               and t.topk_logprobs == saved[t.rollout]["topk_logprobs"])
                               for t in regen}
+        # every regenerated sequence (prompt + tokens): its full blocks are what the exact passes resume
+        state["regenerated"] = [list(state["prompt_ids"]) + t.gen_ids for t in regen]
+        state["agree"] = {t.rollout: _common_prefix(t.gen_ids, saved[t.rollout]["gen_ids"]) for t in regen}
+        state["trunk_blocks"] = sum(blocks(max(len(seq), len(state["prompt_ids"]) + len(saved[t.rollout]["gen_ids"])),
+                                           self.block_size) for seq, t in zip(state["regenerated"], regen))
         state["epoch"], state["allocated"] = self.epoch, 0
         state["established"] = state.get("established", 0) + 1
-        bad = sorted(r for r, ok in state["identical"].items() if not ok)
-        if bad:
-            log.warning("problem %d: regenerated trunks differ from the saved ones for rollouts %s; their pivots "
-                        "are flagged", state["problem_id"], bad)
+        differ = {r: n for r, n in sorted(state["agree"].items()) if not state["identical"][r]}
+        if not state["clean"]:
+            log.warning("problem %d: the trunk regeneration was preempted (or its preemptions could not be read); "
+                        "its pivots are flagged", state["problem_id"])
+        elif differ:
+            log.warning("problem %d: regenerated trunks differ from the saved ones for rollouts %s (tokens agree "
+                        "up to generated index %s); pivots whose resumed blocks lie within the agreeing tokens are "
+                        "kept (state 'tokens'), later ones flagged", state["problem_id"], sorted(differ),
+                        [differ[r] for r in sorted(differ)])
+
+    def _resident(self, job: PivotJob, state: dict) -> str:
+        """How this pivot's resumed blocks came to be cached: 'identical' (its trunk regenerated bit for bit),
+        'tokens' (a regenerated trunk has the saved tokens over those blocks, so they are its decode-time
+        state), or 'not established' (no regeneration reached them: the pivot is flagged)."""
+        if not state["clean"]:
+            return "not established"
+        if state["identical"].get(job.rollout):
+            return "identical"
+        floor = cache_floor(job.abs_pos, self.block_size)
+        want = (job.prompt_ids + job.gen_prefix)[:floor]
+        # the KV of a sequence's last token is never computed: its full blocks end before it
+        if any(len(seq) - 1 >= floor and seq[:floor] == want for seq in state["regenerated"]):
+            return "tokens"
+        return "not established"
 
     # ---------------------------------------------------------------- passes
     def check_regeneration(self, jobs, settings, state) -> dict:
         """Nothing to add: problem_state already regenerates every trunk whole and compares it with
-        the sampling stage's (a rollout that differs flags its pivots)."""
+        the sampling stage's (each pivot's resumed blocks are checked against it in the exact passes)."""
         return {}
 
     def job_blocks(self, job: PivotJob, settings: PassSettings) -> int:
@@ -418,7 +677,8 @@ class VLLMEngine:
                 outs.append(out[0])
                 preempted = None if n is None or preempted is None else preempted + n
         else:
-            outs, preempted = self._generate(prompts, params, f"{pass_name} pass")
+            outs, preempted = self._generate(prompts, params, f"{pass_name} pass",
+                                             synchronized=settings.submission == "synchronized")
         per_job = [{"conts": {a: [] for a in ARMS}, "probe": {}, "lp": {}, "cached": []} for _ in jobs]
         for (j, arm, kind), out in zip(layout, outs):
             comp, rec = out.outputs[0], per_job[j]
@@ -434,7 +694,8 @@ class VLLMEngine:
             resume = {"min_cached_tokens": min(rec["cached"]), "first_step_exact": None, "preemptions": preempted}
             if state is not None:
                 hit = all(c >= cache_floor(job.abs_pos, self.block_size) for c in rec["cached"])
-                resume["cache_hit"] = hit
-                resume["state_ok"] = bool(hit and preempted == 0 and state["identical"].get(job.rollout, False))
+                resident = self._resident(job, state)
+                resume.update({"cache_hit": hit, "state": resident, "establishment": state["established"],
+                               "state_ok": bool(hit and preempted == 0 and resident != "not established")})
             results.append(PivotOutput(job.pivot_id, rec["conts"], rec["probe"], rec["lp"], resume))
         return results

@@ -103,8 +103,24 @@ def headline_block(config: str, out_dir=None) -> list[str]:
         lines.append("           (the paper's row: python -m replaylib.run params/paper.yaml recomputes it from "
                      "the published records)")
     lines.append("headline   " + headline_sentence(summary_json(config, out_dir)["main"]))
+    exact = exactness_sentence(config, out_dir)
+    if exact:
+        lines.append("exactness  " + exact)
     lines.append("invariant  " + invariant_verdict(config, out_dir))
     return lines
+
+
+def exactness_sentence(config: str, out_dir=None) -> str | None:
+    """How the replay's pivots resumed their decode-time state, and how many were excluded (stage 3's
+    manifest); None where the run has no replay stage (the published records)."""
+    path = out_root(out_dir) / "runs" / config / "03_three_pass_replay" / "manifest.json"
+    if not path.exists():
+        return None
+    m = json.loads(path.read_text())
+    n, flagged, states = m.get("n_records", 0), m.get("flagged_not_exact", 0), m.get("state_established", {})
+    how = "; ".join(f"{k} {v}" for k, v in sorted(states.items(), key=lambda kv: -kv[1]))
+    return (f"{n - flagged} of {n} pivots resumed a verified decode-time state, {flagged} excluded"
+            + (f" (state: {how})" if how else ""))
 
 
 # ---------------------------------------------------------------- tokens as text

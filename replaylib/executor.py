@@ -56,7 +56,9 @@ class LocalExecutor:
             yield label, fn(self.engine, *args)
 
     def close(self):
-        self.engine = None
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.close()  # a multi-process vLLM engine's core process exits before the stage goes on
 
 
 def _crash_for(label: str, attempt: int) -> bool:
@@ -90,6 +92,13 @@ def _actor_class():
             if crash:  # the test hook: die as a killed worker would, mid-unit
                 os._exit(1)
             return fn(self.engine, *args)
+
+        def close(self) -> None:
+            """Shut the engine down (a multi-process vLLM engine's core process with it) before the
+            actor is killed: a killed actor would leave that process holding GPU memory."""
+            engine, self.engine = self.engine, None
+            if engine is not None:
+                engine.close()
 
     return EngineActor
 
@@ -239,7 +248,12 @@ class RayExecutor:
 
     def close(self):
         import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
         for a in getattr(self, "actors", []):
+            try:  # the engine first, so that its processes end with it; a dead actor's are reaped later
+                ray.get(a.close.remote(), timeout=120)
+            except (RayActorError, GetTimeoutError) as e:
+                log.warning("ray executor: an engine actor did not close cleanly (%s)", type(e).__name__)
             self._kill(a)
         self.actors = []
         if self.started:

@@ -10,6 +10,7 @@ report, then fails if any pivot disagrees.
 from __future__ import annotations
 
 import logging
+import time
 
 import pandas as pd
 
@@ -89,12 +90,18 @@ def run(params: Params, out_dir=None) -> dict:
     _, _, problem_info = sampling.load(params, out_dir)
     chosen = problem_info["kept"][:params.invariant_problems]
     problems = {p.problem_id: p for p in load_problems(params.task)}
+    started = time.perf_counter()
     ex = make_executor(params, invariant=True, workers=1)
+    seconds = {"engine start": round(time.perf_counter() - started, 2)}
     try:  # one unit: the chosen problems are sampled as one batch, and replayed on the engine that holds them
+        started = time.perf_counter()
         described, records = ex.call(invariant_unit, params, [(pid, problems[pid].question, problems[pid].gold)
                                                               for pid in chosen], stage.path)
+        seconds["sample, mine and replay"] = round(time.perf_counter() - started, 2)
     finally:
+        started = time.perf_counter()
         ex.close()
+        seconds["engine stop"] = round(time.perf_counter() - started, 2)
     records = pd.DataFrame(records)
     records["config"] = f"{params.config} (invariant)"
     records = typed(records)
@@ -104,7 +111,7 @@ def run(params: Params, out_dir=None) -> dict:
     if not report["all_identical"]:
         raise AssertionError(f"{STAGE}: passes disagree in invariant mode ({report}); see "
                              f"{stage.file('records.parquet')}")
-    stage.finish(["records.parquet", "invariant.json"], {"report": report})
+    stage.finish(["records.parquet", "invariant.json"], {"report": report, "seconds": seconds})
     return report
 
 

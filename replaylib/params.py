@@ -45,6 +45,8 @@ CHOICES = {
     "pass_order": ["fixed", "shuffled"],
     "executor": ["local", "ray"],
     "prefix_precision": ["native", "float32"],
+    "vllm_serving": ["multiprocess", "inprocess"],
+    "pass_submission": ["stock", "synchronized"],
 }
 TRANSPLANT_PASSES = ("xplant_refeed_kv", "xplant_decode_kv")
 # where a stage's units of work run: owned by no stage, so in no stage key (results never depend on it);
@@ -95,6 +97,14 @@ class Params:
     invariant_attention_backend: str = _p("01_sampling", "TRITON_ATTN",
                                           "vLLM attention backend in batch-invariant mode (FA3 is not invariant)")
     enforce_eager: bool = _p("01_sampling", False, "vLLM: no CUDA graphs or torch.compile")
+    kv_cache_gib: float = _p("01_sampling", 0.0,
+                             "vLLM: a KV cache of this many GiB, fixed (0: what gpu_memory_utilization leaves after "
+                             "vLLM profiles the free memory); fixed, an engine start measures no free memory, so "
+                             "engines of several stages can start side by side on one GPU")
+    vllm_serving: str = _p("01_sampling", "multiprocess",
+                           "vLLM: multiprocess (vLLM's default and the paper's: the engine core runs in a process of "
+                           "its own and starts stepping while a call's requests still arrive) or inprocess (one "
+                           "process: identical calls run in identical batches); it changes the numerics")
     # --- 02 pivot mining
     margin_threshold: float = _p("02_pivot_mining", 1.0, "pivot if top1 - top2 logprob < this")
     block_size: int = _p("02_pivot_mining", 1, "1: any token (exact resume anywhere); 16: the paper's paged-cache filter")
@@ -113,6 +123,11 @@ class Params:
                       "exact1, exact2, refeed, optionally refeed2, serial, block16, xplant_refeed_kv, "
                       "xplant_decode_kv")
     pass_order: str = _p("03_three_pass_replay", "fixed", "fixed (as listed) or shuffled (seeded per problem)")
+    pass_submission: str = _p("03_three_pass_replay", "stock",
+                              "[ours] vLLM multiprocess only: stock (one LLM.generate per pass call, as the paper's "
+                              "harness ran) or synchronized (the call's requests are all queued before the engine "
+                              "core's first step: the in-process engine's batching, as a control of what makes the "
+                              "replica floor)")
     verify_regeneration: bool = _p("03_three_pass_replay", True,
                                    "exact1 also continues the actual arm with the trunk's own seed and checks it")
     prefix_precision: str = _p("03_three_pass_replay", "native",
@@ -224,6 +239,9 @@ def make(overrides: dict, where: str = "parameters", scope=None) -> Params:
         clean[name] = _check_type(name, value, where)
     params = Params(**clean)
     scope = set(names if scope is None else scope)
+    if params.kv_cache_gib < 0:
+        raise ValueError(f"{where}: parameter 'kv_cache_gib' is {params.kv_cache_gib!r}; it must be 0 (profile) or a "
+                         f"positive size in GiB")
     if params.ray_workers < 1 or params.gpus_per_worker <= 0:
         bad = "ray_workers" if params.ray_workers < 1 else "gpus_per_worker"
         raise ValueError(f"{where}: parameter '{bad}' is {getattr(params, bad)!r}; it must be positive")
@@ -234,6 +252,11 @@ def make(overrides: dict, where: str = "parameters", scope=None) -> Params:
     if params.engine == "vllm" and "stop_at_answer" in scope and params.stop_at_answer:
         raise ValueError(f"{where}: parameter 'stop_at_answer' is true, which the vllm engine does not implement "
                          f"(its continuations run to EOS or max_cont_tokens, as in the paper); set stop_at_answer: false")
+    if "pass_submission" in scope and params.pass_submission != "stock" and not (
+            params.engine == "vllm" and params.vllm_serving == "multiprocess"):
+        raise ValueError(f"{where}: parameter 'pass_submission' is {params.pass_submission!r}, which only differs from "
+                         f"'stock' on the multi-process vLLM engine (engine: vllm, vllm_serving: multiprocess: "
+                         f"elsewhere every call's requests are in before its first step); set pass_submission: stock")
     if params.engine == "vllm" and "passes" in scope and "block16" in params.passes:
         raise ValueError(f"{where}: parameter 'passes' has block16, which the vllm engine does not run (its exact "
                          f"passes are block-granular resumes already); remove block16 or set engine: hf")
@@ -259,11 +282,36 @@ def read_mapping(path: Path, missing: str, shape: str) -> dict:
     return data
 
 
-def load(path: str | Path) -> Params:
-    """Read a params YAML file; its stem is the default config name."""
-    path = Path(path)
+def read_params_file(path: Path, chain: tuple = ()) -> dict:
+    """A params file's values with its ``extends`` chain resolved: the named file's values (a path
+    relative to this file, ``.yaml`` optional), overridden by this file's. ``config`` is never
+    inherited: a configuration's name is its own (its ``config:`` or the file's stem)."""
     data = read_mapping(path, "params file not found; pick one of params/*.yaml or give a path",
                         "of parameter: value")
+    base = data.pop("extends", None)
+    if base is None:
+        return data
+    if not isinstance(base, str) or not base.strip():
+        raise ValueError(f"{path}: 'extends' must name another params file (e.g. extends: gpu-embedded.yaml)")
+    parent = Path(base) if Path(base).is_absolute() else path.parent / base
+    if not parent.suffix:
+        parent = parent.with_suffix(".yaml")
+    seen = chain + (path.resolve(),)
+    if parent.resolve() in seen:
+        raise ValueError(f"{path}: 'extends' makes a cycle ({' -> '.join(p.name for p in seen + (parent,))}); "
+                         f"remove one of them")
+    if not parent.is_file():
+        raise FileNotFoundError(f"{path}: 'extends' names {base}, which does not exist (looked for {parent}); "
+                                f"fix the name")
+    inherited = read_params_file(parent, seen)
+    inherited.pop("config", None)
+    return {**inherited, **data}
+
+
+def load(path: str | Path) -> Params:
+    """Read a params YAML file (its ``extends`` chain resolved); its stem is the default config name."""
+    path = Path(path)
+    data = read_params_file(path)
     data.setdefault("config", path.stem)
     return make(data, where=str(path))
 

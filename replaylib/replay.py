@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import time
 
 import pandas as pd
 
@@ -37,7 +38,7 @@ def settings(params: Params, max_tokens: int | None = None) -> PassSettings:
                         max_tokens=max_tokens or params.max_cont_tokens, probe_tokens=params.probe_tokens,
                         stop_at_answer=params.stop_at_answer, task=params.task,
                         verify_regeneration=params.verify_regeneration, trunk_temperature=params.temperature,
-                        trunk_top_p=params.top_p)
+                        trunk_top_p=params.top_p, submission=params.pass_submission)
 
 
 def pass_order(params: Params, problem_id: int) -> list[str]:
@@ -79,6 +80,29 @@ def estimate(job: PivotJob, out, gold: str, task: str, decode) -> tuple[float, d
     return a, wins
 
 
+# how a pivot's decode-time state was established for its exact passes (the record's state_established)
+STATE_SAVED = "saved"  # transformers: the sampling stage's tensors, digest-checked as placed
+STATE_IDENTICAL = "regenerated, identical"  # vLLM: a regeneration equal to the saved trunk in tokens and logprobs
+STATE_TOKENS = "regenerated, same tokens"  # vLLM: one regeneration with the saved tokens over the resumed blocks
+NOT_ESTABLISHED = ("not established",  # no regeneration reached the pivot's blocks, or the engine could not say
+                   "regenerated, differs between passes")  # exact passes resumed different, non-identical states
+
+
+def state_established(resumes: list[dict]) -> str:
+    """One pivot's state source from its exact passes' resume reports (engine_hf / engine_vllm)."""
+    states = [r.get("state") for r in resumes]
+    if any(s is None or s == "not established" for s in states):
+        return "not established"
+    if all(s == "saved" for s in states):
+        return STATE_SAVED
+    if all(s == "identical" for s in states):
+        return STATE_IDENTICAL
+    # a regeneration that only agrees in tokens is its own state: the exact passes must share it
+    if len({r.get("establishment") for r in resumes}) == 1:
+        return STATE_TOKENS
+    return "regenerated, differs between passes"
+
+
 def pivot_record(job: PivotJob, pivot, outs: dict, wins: dict, estimates: dict, state_ok: bool,
                  passes: list[str], order: list[str], regenerates: bool | None = None) -> dict:
     """One record in the published schema, plus this package's exactness and diagnostics columns."""
@@ -114,18 +138,25 @@ def pivot_record(job: PivotJob, pivot, outs: dict, wins: dict, estimates: dict, 
         rec[f"preemptions_{name}"] = outs[name].resume.get("preemptions")
     rec["first_step_exact"] = outs["exact1"].resume.get("first_step_exact")
     rec["regenerates_trunk"] = regenerates
-    rec["exact_ok"] = bool(all(rec[f"cache_ok_{p}"] for p in passes if p.startswith("exact")))
+    rec["state_established"] = state_established([outs[p].resume for p in passes if p.startswith("exact")])
+    rec["exact_ok"] = bool(all(rec[f"cache_ok_{p}"] for p in passes if p.startswith("exact"))
+                           and rec["state_established"] not in NOT_ESTABLISHED)
     rec["pass_order"] = ",".join(order)
     return rec
 
 
-def replay_problem(engine, jobs, pivots, state, state_ok: dict, gold, params, max_tokens=None) -> list[dict]:
-    """All passes for one problem's pivots, in the configured order; state_ok: rollout -> state verified."""
+def replay_problem(engine, jobs, pivots, state, state_ok: dict, gold, params, max_tokens=None,
+                   seconds: dict | None = None) -> list[dict]:
+    """All passes for one problem's pivots, in the configured order; state_ok: rollout -> state verified.
+    seconds: filled with each pass's wall time (added to what it holds)."""
     cfg = settings(params, max_tokens)
     outs = {}
     order = pass_order(params, int(pivots.problem_id.iloc[0])) if len(pivots) else list(params.passes)
     for name in order:
+        started = time.perf_counter()
         outs[name] = {o.pivot_id: o for o in engine.run_pass(jobs, name, cfg, state)}
+        if seconds is not None:
+            seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - started
         progress.update(len(jobs))
     # a diagnostic, after the passes and in batches of its own: it must not change what they compute
     regenerates = engine.check_regeneration(jobs, cfg, state) if params.verify_regeneration else {}
@@ -149,13 +180,17 @@ def typed(records: pd.DataFrame) -> pd.DataFrame:
 
 
 def replay_unit(engine, params: Params, pid: int, group: pd.DataFrame, trunks: pd.DataFrame, sampling_dir,
-                digests: dict | None, gold: str) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+                digests: dict | None, gold: str) -> tuple[pd.DataFrame, pd.DataFrame | None, dict]:
     """One unit of stage 03: every pass over one problem's pivots, on the engine that loads its trunks;
-    returns its records and, with layer_profile, its per-layer K/V differences."""
+    returns its records, with layer_profile its per-layer K/V differences, and the seconds spent
+    establishing the decode-time state and in each pass."""
     jobs = build_jobs(group, trunks, params.k)
+    started = time.perf_counter()
     state, verified = engine.problem_state(sampling_dir, pid, trunks, digests)
-    frame = typed(pd.DataFrame(replay_problem(engine, jobs, group, state, verified, gold, params)))
-    return frame, (pd.DataFrame(engine.layer_profile(jobs, state)) if params.layer_profile else None)
+    seconds = {"establish state": time.perf_counter() - started}
+    frame = typed(pd.DataFrame(replay_problem(engine, jobs, group, state, verified, gold, params, seconds=seconds)))
+    profile = pd.DataFrame(engine.layer_profile(jobs, state)) if params.layer_profile else None
+    return frame, profile, seconds
 
 
 def run(params: Params, out_dir=None) -> pd.DataFrame:
@@ -176,8 +211,11 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
     profile_shard = {pid: f"shards/layer_profile_{pid:05d}.parquet" for pid in shard} if params.layer_profile else {}
     todo = [pid for pid in shard if not stage.has_shard(shard[pid])
             or (pid in profile_shard and not stage.has_shard(profile_shard[pid]))]
+    seconds = {}  # of this run's units (problems replayed earlier and kept are not in it)
     if todo:
+        started = time.perf_counter()
         ex = make_executor(params)
+        seconds["engine start"] = round(time.perf_counter() - started, 2)
         log.info("config %s, stage %s, executor %s: %d problems to replay", params.config, STAGE, ex.name, len(todo))
         units = [(f"{STAGE} problem {pid}",
                   (params, int(pid), pivots[pivots.problem_id == pid], trunks[trunks.problem_id == pid],
@@ -186,8 +224,10 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
             n_jobs = {pid: int((pivots.problem_id == pid).sum()) * len(params.passes) for pid in todo}
             bar = progress.bar(stage.path, "replay", sum(n_jobs.values()), "pivot-pass")
             pid_of = {label: pid for (label, _), pid in zip(units, todo)}
-            for label, (frame, profile) in ex.map(replay_unit, units, ordered=False):  # written as they finish
+            for label, (frame, profile, spent) in ex.map(replay_unit, units, ordered=False):  # as they finish
                 pid = pid_of[label]
+                for what, secs in spent.items():
+                    seconds[what] = round(seconds.get(what, 0.0) + secs, 2)
                 if profile is not None:  # [ours] where decode-time and re-fed K, V differ, per layer
                     atomic_save(stage.file(profile_shard[pid]), lambda tmp: profile.to_parquet(tmp, index=False))
                     stage.add_shard(profile_shard[pid])
@@ -197,7 +237,9 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
                     bar.update(n_jobs[pid])
             bar.close()
         finally:
+            started = time.perf_counter()
             ex.close()
+            seconds["engine stop"] = round(time.perf_counter() - started, 2)
     records = pd.concat([pd.read_parquet(stage.file(shard[pid])) for pid in shard], ignore_index=True)
     records["config"] = params.config
     atomic_save(stage.file("records.parquet"), lambda tmp: records.to_parquet(tmp, index=False))
@@ -210,7 +252,10 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
     if flagged:
         log.warning("%d of %d pivots did not resume the saved state exactly; they are flagged (exact_ok False) "
                     "and excluded from the statistics by default", flagged, len(records))
-    stage.finish(outputs, {"n_records": len(records), "flagged_not_exact": flagged})
+    stage.finish(outputs, {"n_records": len(records), "flagged_not_exact": flagged,
+                           "state_established": records["state_established"].value_counts().to_dict()
+                           if "state_established" in records else {},
+                           "seconds": seconds})
     return records
 
 

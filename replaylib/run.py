@@ -197,9 +197,18 @@ def execute(params: Params, stage: str, out_dir, fresh: bool = False) -> Path:
             follower.join()
             line.poll(final=True, failed=failed)
             line.bar.close()
+            stop_leftover_engines()
     atomic_write_json(stage_dir / "runner.json", {"seconds": round(time.time() - start, 1),
                                                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
     return output
+
+
+def stop_leftover_engines() -> None:
+    """A stage's kernel that died (killed, out of memory) leaves a multi-process vLLM engine core
+    behind, holding GPU memory: stop it now, before the next stage starts an engine."""
+    from .engine_vllm import reap_leftover_engines, registry_dir
+    if registry_dir().is_dir():
+        reap_leftover_engines()
 
 
 def shown(path: Path) -> str:

@@ -107,10 +107,24 @@ def device_info() -> dict:
         import torch
         info["torch_threads"] = torch.get_num_threads()
         if torch.cuda.is_available():
-            info["cuda_device"] = torch.cuda.get_device_name(0)
+            info["cuda_device"] = gpu_name(torch)
     except ImportError:
         pass
     return info
+
+
+def gpu_name(torch) -> str:
+    """The first GPU's name, without creating a CUDA context in a process that has none (a stage whose
+    engine runs in another process): NVML where it is installed."""
+    if torch.cuda.is_initialized():
+        return torch.cuda.get_device_name(0)
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:  # noqa: BLE001 - no NVML: the name is worth a context
+        return torch.cuda.get_device_name(0)
 
 
 def notebook_path(stage: str) -> Path:

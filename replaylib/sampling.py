@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import pandas as pd
 
@@ -81,7 +82,10 @@ def run(params: Params, out_dir=None) -> dict:
     """Sample, grade and screen trunks; write problems.json, trunks.parquet, state/, accuracy.csv."""
     stage = StageDir(params, STAGE, out_dir).begin()
     problems = load_problems(params.task)
+    started = time.perf_counter()
     ex = make_executor(params)
+    seconds = {"engine start": round(time.perf_counter() - started, 2)}
+    started = time.perf_counter()
     try:
         info = ex.call(engine_info)
         log.info("config %s, stage %s, engine %s (executor %s)", params.config, STAGE, info["engine"], ex.name)
@@ -115,8 +119,11 @@ def run(params: Params, out_dir=None) -> dict:
                             from .engine_hf import save_state
                             save_state(state[pid], stage.file(f"state/problem_{pid:05d}.safetensors"))
                             digests[str(pid)] = {str(r): d for r, d in state[pid].expected.items()}
+        seconds["trunks"] = round(time.perf_counter() - started, 2)
+        started = time.perf_counter()
     finally:
         ex.close()
+    seconds["engine stop"] = round(time.perf_counter() - started, 2)
     bar.close()
     if len(accepted) < params.n_problems:
         log.warning("kept %d of %d problems after scanning %d (scan_limit %d)", len(accepted), params.n_problems,
@@ -134,7 +141,7 @@ def run(params: Params, out_dir=None) -> dict:
     outputs += sorted(str(p.relative_to(stage.path)) for p in (stage.path / "state").glob("*.safetensors"))
     # the digest of every decode-time state, taken when it was produced: the replay stage checks the
     # tensors it resumes against these, not against the saved file's own metadata
-    stage.finish(outputs, {"engine": info["engine"], "state_digests": digests})
+    stage.finish(outputs, {"engine": info["engine"], "state_digests": digests, "seconds": seconds})
     return {"kept": accepted, "scanned": len(scanned), "trunk_accuracy": float(trunks_df["correct"].mean()),
             "kept_accuracy": float(trunks_df[trunks_df.kept]["correct"].mean())}
 

@@ -655,6 +655,8 @@ def resume_exactness(df: pd.DataFrame) -> dict:
         if col in df.columns:
             v = df[col].dropna().astype(bool)
             out[col] = {"checked": int(len(v)), "held": int(v.sum()), "share": _ratio(int(v.sum()), len(v))}
+    if "state_established" in df.columns:  # how each pivot's decode-time state came to be resumed
+        out["state_established"] = {str(k): int(v) for k, v in df["state_established"].value_counts().items()}
     return out
 
 

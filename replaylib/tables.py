@@ -360,6 +360,9 @@ def table_exactness(rows: dict) -> pd.DataFrame:
         for col in ("exact_ok", "first_step_exact", "regenerates_trunk"):
             c = e.get(col)
             row[col] = "-" if not c or not c["checked"] else f"{c['held']}/{c['checked']}"
+        states = e.get("state_established")
+        row["state established"] = "-" if not states else "; ".join(
+            f"{k} {v}" for k, v in sorted(states.items(), key=lambda kv: -kv[1]))
         out.append(row)
     return pd.DataFrame(out)
 

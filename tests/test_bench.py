@@ -189,6 +189,7 @@ def test_paper7b_against_a_stand_in_llm(tmp_path, monkeypatch, capsys):
 
     fake = FakeLLM(block_size=4, num_gpu_blocks=100_000)
     monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(SamplingParams=SP, __version__="stand-in"))
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the stand-in "was imported" for the in-process mode
     monkeypatch.setattr(bench, "vllm_dummy_llm", lambda *a, **k: fake)
     monkeypatch.setattr(bench, "PAPER7B", {**bench.PAPER7B, "rollouts": 2, "trunk_tokens": 24, "cont_tokens": 6,
                                            "probe_tokens": 3, "prompt_tokens": 10, "block_size": 4})

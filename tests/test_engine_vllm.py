@@ -1,5 +1,6 @@
 """The vLLM engine's logic against a stand-in LLM (no GPU, no vLLM): requests, cache checks,
 trunk identity, refeed resets, pass orchestration, and the errors when vLLM cannot run."""
+import dataclasses
 import hashlib
 import importlib.util
 import os
@@ -35,17 +36,23 @@ def _h(*parts) -> int:
     return int.from_bytes(hashlib.sha256("|".join(map(str, parts)).encode()).digest()[:8], "little")
 
 
-def complete(ids, sp):
-    """The stand-in model: a deterministic function of (context, seed, settings), vLLM-shaped logprobs."""
+def complete(ids, sp, forced=None, noise=0):
+    """The stand-in model: a deterministic function of (context, seed, settings), vLLM-shaped logprobs.
+    forced: {generated index: token} placed instead of the sampled one; noise: a batch-dependent
+    perturbation (0: none) of the logprobs, that also flips the sampled token now and then."""
     ctx, tokens, logprobs, finish = list(ids), [], [], "length"
     for _ in range(sp.max_tokens):
         h = _h(*ctx[-3:])
         top = random.Random(h).sample(range(4, VOCAB), 6)
         if h % 11 == 0:
             top[0] = EOS
-        lps = [-0.2 - 0.45 * i - (h % 7) / 100 for i in range(6)]
+        lps = [-0.2 - 0.45 * i - (h % 7) / 100 + noise * 1e-6 for i in range(6)]
         pick = 0 if sp.temperature == 0 else random.Random(_h(sp.seed, len(ctx))).randrange(3)
+        if noise and _h(noise, len(ctx), *ctx[-2:]) % 5 == 0:
+            pick = (pick + 1) % 3
         t = top[pick]
+        if forced and len(tokens) in forced:
+            t = 4 + (forced[len(tokens)] - 4) % (VOCAB - 4)
         tokens.append(t)
         if sp.logprobs:
             # as vllm/logprobs.py: the sampled token first (its vocabulary rank), then ranks 1..k
@@ -71,17 +78,28 @@ class FakeTokenizer:
 
 
 class FakeLLM:
-    """The vllm.LLM methods the engine uses, with a prefix cache of full blocks."""
+    """The vllm.LLM methods the engine uses, with a prefix cache of full blocks.
 
-    def __init__(self, block_size=4, num_gpu_blocks=None, reset_ok=True):
+    racy: a multi-process engine whose core steps while a call's requests still arrive: the
+    outputs of a stock generate call depend on how the call's requests happened to be batched
+    (a different perturbation of the logprobs, and sometimes of the tokens, per call), while a
+    call whose requests were all queued before the first step (sleep level 0, enqueue, wake_up,
+    wait_for_completion) is computed as an in-process engine computes it.
+    diverge: {trunk seed: generated index}: every regeneration of that trunk (a trunk request
+    after the first with that seed) samples another token there, and so differs from then on."""
+
+    def __init__(self, block_size=4, num_gpu_blocks=None, reset_ok=True, racy=False):
         cache_config = SimpleNamespace(block_size=block_size, num_gpu_blocks=num_gpu_blocks)
         self.llm_engine = SimpleNamespace(
             vllm_config=SimpleNamespace(cache_config=cache_config),
-            model_config=SimpleNamespace(try_get_generation_config=lambda: {"eos_token_id": [EOS, STOP2]}))
+            model_config=SimpleNamespace(try_get_generation_config=lambda: {"eos_token_id": [EOS, STOP2]}),
+            engine_core=SimpleNamespace(shutdown=lambda: self.events.append("shutdown")))
         self.bs, self.reset_ok, self.cached = block_size, reset_ok, set()
         self.events, self.calls = [], []
         self.preempt_per_call, self.preempted = 0, 0
         self.force_cached = None
+        self.racy, self.paused, self.queued, self.race = racy, False, [], 0
+        self.diverge, self.trunks_seen = {}, set()
 
     def get_tokenizer(self):
         return FakeTokenizer()
@@ -97,15 +115,47 @@ class FakeLLM:
 
     def generate(self, prompts, sampling_params, use_tqdm=True):
         self.events.append("generate")
+        self.race += 1  # a stock call on a racy engine: batched as its requests happened to arrive
+        return self._call(prompts, sampling_params, self.race if self.racy else 0)
+
+    def sleep(self, level=1, mode="abort"):
+        assert (level, mode) == (0, "keep") and not self.paused
+        self.events.append("sleep")
+        self.paused = True
+
+    def enqueue(self, prompts, sampling_params, use_tqdm=True):
+        assert self.paused, "enqueued while the scheduler runs: the call would race"
+        self.events.append("enqueue")
+        self.queued.append((prompts, sampling_params))
+
+    def wake_up(self, tags=None):
+        assert tags == ["scheduling"]
+        self.events.append("wake_up")
+        self.paused = False
+
+    def wait_for_completion(self, use_tqdm=True):
+        self.events.append("wait")
+        (prompts, sps), = self.queued
+        self.queued = []
+        return self._call(prompts, sps, 0)
+
+    def _call(self, prompts, sampling_params, race):
         self.calls.append((prompts, sampling_params))
         self.preempted += self.preempt_per_call
-        return [self._one(p["prompt_token_ids"], sp) for p, sp in zip(prompts, sampling_params)]
+        return [self._one(p["prompt_token_ids"], sp, race) for p, sp in zip(prompts, sampling_params)]
 
-    def _one(self, ids, sp):
+    def _one(self, ids, sp, race):
         n = 0  # cached full blocks; the last prompt token is always computed
         while (n + 1) * self.bs <= len(ids) - 1 and tuple(ids[:(n + 1) * self.bs]) in self.cached:
             n += 1
         tokens, logprobs, finish = complete(ids, sp)
+        if sp.logprobs and sp.seed in self.diverge:  # a trunk request
+            if sp.seed in self.trunks_seen:
+                i = self.diverge[sp.seed]
+                tokens, logprobs, finish = complete(ids, sp, forced={i: tokens[i] + 1})
+            self.trunks_seen.add(sp.seed)
+        if race:
+            tokens, logprobs, finish = complete(ids, sp, noise=race)
         fed = list(ids) + tokens[:-1]
         self.cached |= {tuple(fed[:m * self.bs]) for m in range(1, len(fed) // self.bs + 1)}
         comp = SimpleNamespace(token_ids=tokens, logprobs=logprobs, finish_reason=finish)
@@ -114,9 +164,9 @@ class FakeLLM:
 
 
 # ---------------------------------------------------------------- helpers
-def make(fake=None):
+def make(fake=None, serving="inprocess"):
     fake = fake or FakeLLM()
-    return VLLMEngine(fake, FakeSP, model="fake", config="test", trunk_settings=dict(TRUNK)), fake
+    return VLLMEngine(fake, FakeSP, model="fake", config="test", trunk_settings=dict(TRUNK), serving=serving), fake
 
 
 def sample(engine, pids=(0, 1), n=3):
@@ -195,23 +245,27 @@ def test_trunk_identity_identical_one_token_differs_one_logprob_differs():
     engine, fake = make()
     trunks, _, _, _ = sample(engine)
     df = table(trunks)
-    state, identical = engine.problem_state(None, 1, df)
-    assert identical == {0: True, 1: True, 2: True}
+    state, clean = engine.problem_state(None, 1, df)
+    assert state["identical"] == {0: True, 1: True, 2: True} and all(clean.values())
     assert fake.events[-2:] == ["reset", "generate"]  # regenerated on a fresh cache: the blocks are resident
     token = df.copy()
     row = token.index[(token.problem_id == 1) & (token.rollout == 1)][0]
     gen = list(token.at[row, "gen_ids"])
     gen[3] = gen[3] + 1
     token.at[row, "gen_ids"] = gen
-    assert engine.problem_state(None, 1, token)[1] == {0: True, 1: False, 2: True}
+    state, clean = engine.problem_state(None, 1, token)
+    assert state["identical"] == {0: True, 1: False, 2: True} and state["agree"][1] == 3
+    assert all(clean.values())  # the regeneration itself ran clean: pivots are judged one by one
     logp = df.copy()
     row = logp.index[(logp.problem_id == 1) & (logp.rollout == 2)][0]
     lps = [list(s) for s in logp.at[row, "topk_logprobs"]]
     lps[4][1] = lps[4][1] + 1e-7
     logp.at[row, "topk_logprobs"] = lps
-    assert engine.problem_state(None, 1, logp)[1] == {0: True, 1: True, 2: False}
+    state, _ = engine.problem_state(None, 1, logp)
+    assert state["identical"] == {0: True, 1: True, 2: False}
+    assert state["agree"][2] == len(trunks[1][2].gen_ids)  # same tokens: its pivots resume with state 'tokens'
     no_seed = df.drop(columns=["seed"])  # the invariant stage's table: seeds are the trunk hash
-    assert all(engine.problem_state(None, 0, no_seed)[1].values())
+    assert all(engine.problem_state(None, 0, no_seed)[0]["identical"].values())
 
 
 def test_exact_pass_builds_one_call_of_token_id_requests_and_maps_outputs_back(replay_setup):
@@ -333,8 +387,11 @@ def test_preemptions_flag_the_pass_and_the_regeneration(replay_setup):
     fake.preempt_per_call = 2
     outs = engine.run_pass(jobs_for(trunks, 0, SETTINGS.k), "exact1", SETTINGS, state)
     assert all(o.resume["preemptions"] == 2 and o.resume["state_ok"] is False for o in outs)
-    assert not any(engine.problem_state(None, 0, df)[1].values())
-    assert engine.preemptions["exact1 pass"] == 2
+    state, clean = engine.problem_state(None, 0, df)
+    assert not any(clean.values()) and not any(state["identical"].values())
+    assert all(o.resume["state"] == "not established"
+               for o in engine.run_pass(jobs_for(trunks, 0, SETTINGS.k), "exact1", SETTINGS, state))
+    assert engine.preemptions["exact1 pass"] == 4  # two exact1 passes, 2 each
 
 
 def test_an_unreadable_preemption_counter_verifies_nothing(replay_setup):
@@ -377,18 +434,152 @@ def test_no_cuda_gpu_is_a_one_line_error(monkeypatch):
 
 def test_batch_invariant_flag_must_precede_the_vllm_import(monkeypatch):
     monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace())
     with pytest.raises(RuntimeError, match="before vLLM is imported"):
         prepare_environment(True, "c")
     monkeypatch.delitem(sys.modules, "vllm")
-    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_FLASHINFER_SAMPLER"):
+    for name in ("VLLM_USE_FLASHINFER_SAMPLER", "VLLM_WORKER_MULTIPROC_METHOD"):
         monkeypatch.delenv(name, raising=False)
     prepare_environment(True, "c")
     assert os.environ["VLLM_BATCH_INVARIANT"] == "1"
-    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert os.environ["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
     with pytest.raises(RuntimeError, match="stock engine"):
         prepare_environment(False, "c")
+
+
+@pytest.mark.parametrize("serving, value", [("multiprocess", "1"), ("inprocess", "0")])
+def test_the_serving_mode_is_set_before_vllm_is_imported(monkeypatch, serving, value):
+    for name in ("VLLM_BATCH_INVARIANT", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_WORKER_MULTIPROC_METHOD"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    prepare_environment(False, "c", serving)
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == value
+    # the engine core is spawned: a forked child cannot use the CUDA context its parent may hold
+    assert os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") == ("spawn" if serving == "multiprocess" else None)
+    prepare_environment(False, "c", serving)  # the same mode again in the same process: fine
+
+
+@pytest.mark.parametrize("serving, other", [("multiprocess", "0"), ("inprocess", "1")])
+def test_a_process_or_environment_set_for_the_other_mode_is_refused(monkeypatch, serving, other):
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", other)
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    with pytest.raises(RuntimeError, match=f"asks vllm_serving: {serving}") as e:
+        prepare_environment(False, "cfg", serving)
+    assert "\n" not in str(e.value) and "cfg" in str(e.value) and "unset VLLM_ENABLE_V1_MULTIPROCESSING" in str(e.value)
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace())  # vLLM already imported in the other mode
+    with pytest.raises(RuntimeError, match="imported vLLM for the .* mode; run the stage in a fresh process"):
+        prepare_environment(False, "cfg", serving)
+    if serving == "inprocess":  # unset: vLLM's own default, the multi-process mode
+        monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING")
+        with pytest.raises(RuntimeError, match="imported vLLM for the multiprocess mode"):
+            prepare_environment(False, "cfg", serving)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "yes")
+    monkeypatch.delitem(sys.modules, "vllm")
+    with pytest.raises(RuntimeError, match="reads 0 or 1"):
+        prepare_environment(False, "cfg", serving)
+
+
+def test_the_serving_mode_is_in_every_stage_key():
+    base = params.make({"engine": "vllm", "device": "cuda", "stop_at_answer": False})
+    other = params.make({"engine": "vllm", "device": "cuda", "stop_at_answer": False, "vllm_serving": "inprocess"})
+    assert all(base.stage_key(s) != other.stage_key(s) for s in params.STAGES)
+    sync = params.make({"engine": "vllm", "device": "cuda", "stop_at_answer": False,
+                        "pass_submission": "synchronized"})
+    assert {s for s in params.STAGES if sync.stage_key(s) != base.stage_key(s)} == \
+        {"03_three_pass_replay", "04_statistics", "05_batch_invariant"}
+    for bad in ({"vllm_serving": "inprocess"}, {"engine": "hf"}):
+        with pytest.raises(ValueError, match="pass_submission") as e:
+            params.make({"engine": "vllm", "device": "cuda", "stop_at_answer": False,
+                         "pass_submission": "synchronized", **bad}, where="p.yaml")
+        assert "\n" not in str(e.value) and str(e.value).startswith("p.yaml: parameter 'pass_submission'")
+
+
+def _racy_jobs(serving):
+    engine, fake = make(FakeLLM(racy=True), serving=serving)
+    trunks, _, _, _ = sample(engine)
+    state, clean = engine.problem_state(None, 0, table(trunks))
+    return engine, fake, trunks, state, clean
+
+
+def test_multiprocess_trunks_are_submitted_synchronized_and_regenerate_bit_for_bit():
+    engine, fake, trunks, state, clean = _racy_jobs("multiprocess")
+    # sampling and the regeneration: pause, queue, resume, collect; never a racing generate
+    assert "generate" not in fake.events
+    assert fake.events[:5] == ["reset", "sleep", "enqueue", "wake_up", "wait"]
+    assert all(clean.values()) and all(state["identical"].values())
+    assert engine.describe()["serving"] == "multiprocess"
+    assert engine.describe()["trunk_submission"] == "synchronized"
+
+
+def test_multiprocess_stock_passes_race_and_synchronized_passes_do_not():
+    engine, fake, trunks, state, _ = _racy_jobs("multiprocess")
+    jobs = jobs_for(trunks, 0, SETTINGS.k)
+    e1, e2 = (engine.run_pass(jobs, name, SETTINGS, state) for name in ("exact1", "exact2"))
+    assert fake.events.count("generate") == 2  # the passes as the paper's harness sends them
+    assert [o.probe_first_logprob for o in e1] != [o.probe_first_logprob for o in e2]  # a replica floor
+    assert all(o.resume["state_ok"] and o.resume["state"] == "identical" for o in e1 + e2)
+    sync = dataclasses.replace(SETTINGS, submission="synchronized")
+    s1, s2 = (engine.run_pass(jobs, name, sync, state) for name in ("exact1", "exact2"))
+    assert fake.events.count("generate") == 2 and fake.events[-4:] == ["sleep", "enqueue", "wake_up", "wait"]
+    assert [(o.continuations, o.probe_ids, o.probe_first_logprob) for o in s1] == \
+        [(o.continuations, o.probe_ids, o.probe_first_logprob) for o in s2]
+    # the in-process engine has nothing to synchronize: every request is in before its first step
+    engine, fake, trunks, state, _ = _racy_jobs("inprocess")
+    engine.run_pass(jobs_for(trunks, 0, SETTINGS.k), "exact1", sync, state)
+    assert "sleep" not in fake.events
+
+
+def test_a_regeneration_that_diverges_keeps_the_pivots_before_it_and_flags_those_after():
+    """A rollout whose regeneration differs from generated index 12 on: a pivot whose resumed blocks
+    lie within the agreeing tokens is kept (state 'tokens', verified), one past them is flagged, and
+    none is dropped: every pivot has its record."""
+    from replaylib import replay
+    engine, fake = make()
+    fake.diverge = {trunk_seed(0, 1): 12}  # the sampling is the first trunk request, every later one a regeneration
+    trunks, _, prompts, seeds = sample(engine, pids=(0,))
+    plen = len(prompts[0])
+    df = table(trunks)
+    state, clean = engine.problem_state(None, 0, df)
+    assert state["identical"] == {0: True, 1: False, 2: True} and all(clean.values())
+    assert state["agree"][1] == 12
+    positions = [i for i in (5, 9, 14, 20) if i < len(trunks[0][1].gen_ids)]
+    jobs = [j for j in jobs_for(trunks, 0, SETTINGS.k, positions=positions) if j.rollout == 1]
+    outs = engine.run_pass(jobs, "exact1", SETTINGS, state)
+    for job, out in zip(jobs, outs):
+        within = cache_floor(job.abs_pos, 4) <= plen + 12
+        assert out.resume["state"] == ("tokens" if within else "not established")
+        assert out.resume["state_ok"] is within
+    assert {o.resume["state"] for o in outs} == {"tokens", "not established"}
+    # a cache hit alone does not verify a pivot whose blocks no regeneration holds
+    fake.force_cached = 10_000
+    forced = engine.run_pass(jobs, "exact1", SETTINGS, state)
+    assert [o.resume["state_ok"] for o in forced] == [o.resume["state_ok"] for o in outs]
+    fake.force_cached = None
+    # through the records: the kept pivots say how their state came to be, the others are flagged
+    p = params.make({"engine": "vllm", "device": "cuda", "stop_at_answer": False, "k": SETTINGS.k,
+                     "max_cont_tokens": SETTINGS.max_tokens, "probe_tokens": SETTINGS.probe_tokens})
+    pivots = pd.DataFrame([{"pivot_id": j.pivot_id, "problem_id": 0, "rollout": j.rollout, "gen_index": j.gen_index,
+                            "abs_pos": j.abs_pos, "margin": 0.1, "rollout_correct": 0} for j in jobs])
+    records = pd.DataFrame(replay.replay_problem(engine, jobs, pivots, state, clean, "7", p))
+    assert len(records) == len(jobs)
+    within = [cache_floor(j.abs_pos, 4) <= plen + 12 for j in jobs]
+    assert list(records["state_established"]) == [replay.STATE_TOKENS if w else "not established" for w in within]
+    assert list(records["exact_ok"]) == within
+    from replaylib.stats import exclude_not_exact
+    assert exclude_not_exact(records)[1] == within.count(False)
+
+
+def test_exact_passes_that_resume_different_regenerations_are_flagged():
+    from replaylib.replay import STATE_IDENTICAL, STATE_TOKENS, state_established
+    same = {"state": "tokens", "establishment": 1}
+    assert state_established([same, dict(same)]) == STATE_TOKENS
+    assert state_established([same, {**same, "establishment": 2}]) == "regenerated, differs between passes"
+    assert state_established([{"state": "identical", "establishment": 1},
+                              {"state": "identical", "establishment": 2}]) == STATE_IDENTICAL
+    assert state_established([same, {"state": "not established", "establishment": 1}]) == "not established"
+    assert state_established([{"state_ok": True}]) == "not established"  # an engine that cannot say
 
 
 def test_compile_cache_kept_under_the_run_directory(monkeypatch, tmp_path):

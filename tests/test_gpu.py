@@ -1,9 +1,11 @@
 """The vLLM engine on a real GPU (skipped without CUDA and vLLM 0.22.1).
 
-Each mode runs in its own process, since VLLM_BATCH_INVARIANT must be set before vLLM is
-imported: this file is also the script (python tests/test_gpu.py stock|invariant). The
+Each mode runs in its own process, since VLLM_BATCH_INVARIANT and the serving mode must be set
+before vLLM is imported: this file is also the script (python tests/test_gpu.py MODE OUT). The
 tiny random-weight model (params/gpu-smoke.yaml) runs the paper's mechanics: trunks,
-block-aligned pivots, problem_state, exact1 / exact2 / refeed.
+block-aligned pivots, problem_state, exact1 / exact2 / refeed, in vLLM's multi-process engine
+(the paper's) and in-process; and the multi-process engine's core process is checked to end
+with its engine, inside a Ray actor too, and to be stopped once a killed stage left it behind.
 """
 import importlib.util
 import json
@@ -28,18 +30,26 @@ def _gpu_ready() -> bool:
 pytestmark = pytest.mark.skipif(not _gpu_ready(), reason="needs a CUDA GPU and vLLM 0.22.1")
 
 
+def smoke_params(serving: str = "multiprocess"):
+    import dataclasses
+
+    from replaylib import params
+    return dataclasses.replace(params.load(REPO / "params" / "gpu-smoke.yaml"), vllm_serving=serving)
+
+
 def scenario(mode: str) -> dict:
-    """Trunks, pivots and the three passes on the tiny model; per-channel comparison counts."""
+    """Trunks, pivots and the three passes on the tiny model; per-channel comparison counts.
+    mode: stock-multiprocess, stock-inprocess or invariant (multi-process)."""
     sys.path.insert(0, str(REPO))
     import pandas as pd
 
-    from replaylib import params, pivots
+    from replaylib import pivots
     from replaylib.data import load_problems
     from replaylib.engine import make_engine, trunk_seed
     from replaylib.grading import grade
     from replaylib.replay import build_jobs, settings
 
-    p = params.load(REPO / "params" / "gpu-smoke.yaml")
+    p = smoke_params("inprocess" if mode == "stock-inprocess" else "multiprocess")
     engine = make_engine(p, invariant=(mode == "invariant"))
     problems = load_problems(p.task)[p.problem_start:p.problem_start + p.n_problems]
     prompts = {q.problem_id: engine.prompt_ids(q.question, p.instruction) for q in problems}
@@ -75,35 +85,125 @@ def scenario(mode: str) -> dict:
                 o = outs[name][job.pivot_id]
                 out["differ"][name] += (o.continuations, o.probe_ids) != (base.continuations, base.probe_ids)
                 out["probe_lp_differ"][name] += o.probe_first_logprob != base.probe_first_logprob
+    out["engine_core_pids"] = [proc.pid for proc in engine.processes]
+    out["closed"] = engine.close()
+    out["left_after_close"] = [proc.pid for proc in engine_processes()]
     return out
 
 
+def engine_processes():
+    from replaylib.engine_vllm import engine_processes as found
+    return found()
+
+
+def hold(ready_path: str) -> None:
+    """Start the multi-process engine, say which processes it runs, then wait to be killed."""
+    sys.path.insert(0, str(REPO))
+    import time
+
+    from replaylib.engine import make_engine
+    engine = make_engine(smoke_params())
+    Path(ready_path).write_text(json.dumps([proc.pid for proc in engine.processes]))
+    time.sleep(900)
+
+
+def in_ray_actor() -> dict:
+    """The multi-process engine inside a Ray actor: its engine core is a child of the actor, and closing the
+    executor ends it."""
+    sys.path.insert(0, str(REPO))
+    import dataclasses
+
+    import psutil
+    import ray
+
+    from replaylib.executor import make_executor
+    p = dataclasses.replace(smoke_params(), executor="ray", ray_workers=1, gpus_per_worker=1.0)
+    ex = make_executor(p)
+    described, pids = ex.call(lambda engine: (engine.describe(), [proc.pid for proc in engine.processes]))
+    ex.close()
+    if ray.is_initialized():
+        ray.shutdown()
+    return {"engine": described, "engine_core_pids": pids, "alive_after_close": [q for q in pids if
+                                                                                 psutil.pid_exists(q)]}
+
+
+def _env() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in ("VLLM_BATCH_INVARIANT", "VLLM_ENABLE_V1_MULTIPROCESSING")}
+
+
 def _run(mode: str, tmp_path) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_BATCH_INVARIANT"}
     result = tmp_path / f"{mode}.json"
-    proc = subprocess.run([sys.executable, __file__, mode, str(result)], cwd=REPO, env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, __file__, mode, str(result)], cwd=REPO, env=_env(), capture_output=True,
                           text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads(result.read_text())
 
 
-def test_stock_engine_exact_passes_agree_and_hit_the_cache(tmp_path):
-    r = _run("stock", tmp_path)
+@pytest.mark.parametrize("serving", ["multiprocess", "inprocess"])
+def test_stock_engine_regenerates_its_trunks_and_every_exact_request_hits_the_cache(tmp_path, serving):
+    r = _run(f"stock-{serving}", tmp_path)
     assert r["state_is_none"] and r["engine"]["engine"] == "vllm" and r["engine"]["batch_invariant"] is False
+    assert r["engine"]["serving"] == serving
     assert r["pivots"] > 0, r
-    assert r["trunks_identical"] == r["trunks_identical_of"], r  # the regenerated trunks are the sampled ones
+    # the regenerated trunks are the sampled ones: trunk requests are submitted synchronized in both modes
+    assert r["trunks_identical"] == r["trunks_identical_of"], r
     assert r["exact_requests_ok"] == r["exact_pivot_passes"], r  # every exact request hit the trunk's blocks
-    assert r["differ"]["exact2"] == 0 and r["probe_lp_differ"]["exact2"] == 0, r  # replica of an identical batch
+    if serving == "inprocess":  # a replica of an identical batch (the multi-process replica may differ)
+        assert r["differ"]["exact2"] == 0 and r["probe_lp_differ"]["exact2"] == 0, r
+    else:
+        assert r["engine_core_pids"] and r["closed"] == r["engine_core_pids"], r
+    assert r["left_after_close"] == [], r
 
 
 def test_batch_invariant_mode_makes_all_passes_identical(tmp_path):
     r = _run("invariant", tmp_path)
     assert r["engine"]["batch_invariant"] is True and r["engine"]["attention_backend"] == "TRITON_ATTN"
+    assert r["engine"]["serving"] == "multiprocess"
     assert r["engine"]["enforce_eager"] is False  # eager mode was not invariant for a real model (docs/gpu-h200.md)
     assert r["pivots"] > 0 and r["exact_requests_ok"] == r["exact_pivot_passes"], r
     assert r["differ"] == {"exact2": 0, "refeed": 0} and r["probe_lp_differ"] == {"exact2": 0, "refeed": 0}, r
 
 
+def test_the_engine_core_ends_with_its_engine_inside_a_ray_actor(tmp_path):
+    pytest.importorskip("ray")
+    r = _run("ray", tmp_path)
+    assert r["engine"]["serving"] == "multiprocess" and r["engine_core_pids"], r
+    assert r["alive_after_close"] == [], r
+
+
+def test_a_killed_stage_leaves_no_engine_core_holding_gpu_memory(tmp_path):
+    """A stage killed with SIGKILL orphans its engine core, which keeps its GPU memory; the next
+    engine start (here: reap_leftover_engines, which it calls first) stops it and the memory is free."""
+    import time
+
+    import psutil
+    import torch
+
+    from replaylib.engine_vllm import reap_leftover_engines
+    free_before = torch.cuda.mem_get_info()[0]
+    ready = tmp_path / "ready.json"
+    stage = subprocess.Popen([sys.executable, __file__, "hold", str(ready)], cwd=REPO, env=_env())
+    deadline = time.monotonic() + 600
+    while not ready.exists() and stage.poll() is None and time.monotonic() < deadline:
+        time.sleep(1)
+    assert ready.exists(), "the engine did not start"
+    cores = json.loads(ready.read_text())
+    assert cores
+    stage.kill()
+    stage.wait()
+    time.sleep(2)
+    assert all(psutil.pid_exists(q) for q in cores)  # orphaned, still alive
+    held = free_before - torch.cuda.mem_get_info()[0]
+    assert held > 2**30, held  # and still holding its KV cache (gpu_memory_utilization 0.2 of the GPU)
+    stopped = reap_leftover_engines()
+    assert {s["pid"] for s in stopped} == set(cores) and all(s["stopped"] for s in stopped)
+    time.sleep(2)
+    assert torch.cuda.mem_get_info()[0] > free_before - 2**30  # given back (what this test process holds aside)
+
+
 if __name__ == "__main__":
     mode, path = sys.argv[1], sys.argv[2]
-    Path(path).write_text(json.dumps(scenario(mode)))
+    if mode == "hold":
+        hold(path)
+    else:
+        Path(path).write_text(json.dumps(in_ray_actor() if mode == "ray" else scenario(mode)))

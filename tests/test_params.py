@@ -85,3 +85,36 @@ def test_block16_with_the_vllm_engine_is_refused_when_the_params_are_read():
     ok = params.make({"engine": "vllm", "device": "cuda", "stop_at_answer": False,
                       "passes": ["exact1", "exact2", "refeed", "serial"]})
     assert ok.passes[-1] == "serial"
+
+
+def test_extends_takes_another_file_s_values_and_keeps_its_own_name(tmp_path):
+    (tmp_path / "base.yaml").write_text("config: base\nk: 8\nn_rollouts: 5\n")
+    (tmp_path / "child.yaml").write_text("extends: base.yaml\nn_rollouts: 6\n")
+    (tmp_path / "grandchild.yaml").write_text("extends: child\nconfig: gc\nmargin_threshold: 0.5\n")
+    child, gc = params.load(tmp_path / "child.yaml"), params.load(tmp_path / "grandchild.yaml")
+    assert (child.config, child.k, child.n_rollouts) == ("child", 8, 6)  # a name is never inherited
+    assert (gc.config, gc.k, gc.n_rollouts, gc.margin_threshold) == ("gc", 8, 6, 0.5)
+    (tmp_path / "loop.yaml").write_text("extends: loop2.yaml\n")
+    (tmp_path / "loop2.yaml").write_text("extends: loop.yaml\n")
+    with pytest.raises(ValueError, match="makes a cycle") as e:
+        params.load(tmp_path / "loop.yaml")
+    assert "\n" not in str(e.value)
+    (tmp_path / "orphan.yaml").write_text("extends: missing.yaml\n")
+    with pytest.raises(FileNotFoundError, match="'extends' names missing.yaml, which does not exist"):
+        params.load(tmp_path / "orphan.yaml")
+    (tmp_path / "odd.yaml").write_text("extends: [a, b]\n")
+    with pytest.raises(ValueError, match="'extends' must name another params file"):
+        params.load(tmp_path / "odd.yaml")
+
+
+def test_files_written_on_extends_keep_their_stage_keys():
+    """The paper's files, once spelled out in full (tests/data/params-before-extends), now say only what
+    differs from paper-primary.yaml: the same parameters, so the same stage keys."""
+    repo = params.Path(params.__file__).resolve().parents[1]
+    before = sorted((repo / "tests" / "data" / "params-before-extends").glob("paper-*.yaml"))
+    assert len(before) == 6
+    for old in before:
+        new = params.load(repo / "params" / old.name)
+        assert new == params.load(old), old.name
+        assert all(new.stage_key(s) == params.load(old).stage_key(s) for s in STAGES)
+        assert "extends: paper-primary.yaml" in (repo / "params" / old.name).read_text()

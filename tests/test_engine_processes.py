@@ -1,0 +1,177 @@
+"""A multi-process vLLM engine's core process: found, registered, stopped with its engine, and stopped
+by the next engine start (or the runner) when its stage process died; engine starts and shutdowns on
+one GPU take turns. Real processes stand in for vLLM's engine core (no GPU, no vLLM)."""
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
+import psutil
+import pytest
+
+from replaylib import engine_vllm
+from replaylib.engine_vllm import (engine_processes, gpu_lifecycle_lock, reap_leftover_engines,
+                                   register_engine_processes, registry_dir)
+
+TITLE = "VLLM::EngineCore"  # what vLLM's setproctitle makes of its engine core's command line
+
+
+@pytest.fixture(autouse=True)
+def registry(tmp_path, monkeypatch):
+    monkeypatch.setenv("REPLAYLIB_ENGINE_REGISTRY", str(tmp_path / "engines"))
+    return tmp_path / "engines"
+
+
+def _sleeper(*extra) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", *extra])
+
+
+def _orphan_maker(tmp_path):
+    """A stand-in stage process that starts an engine core, registers it as an engine start would, and
+    then waits to be killed; returns (stage process, engine core pid)."""
+    script = tmp_path / "stage.py"
+    script.write_text(
+        "import subprocess, sys, time\n"
+        "from replaylib import engine_vllm\n"
+        f"core = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', {TITLE!r}])\n"
+        "time.sleep(0.3)\n"
+        "procs = engine_vllm.engine_processes()\n"
+        "engine_vllm.register_engine_processes(procs, 'killed-config')\n"
+        "print(core.pid, flush=True)\n"
+        "time.sleep(120)\n")
+    stage = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    return stage, int(stage.stdout.readline())
+
+
+def test_engine_processes_are_the_descendants_vllm_named():
+    named, plain = _sleeper(TITLE), _sleeper()
+    try:
+        time.sleep(0.3)
+        assert {p.pid for p in engine_processes()} == {named.pid}
+        assert engine_processes(exclude={named.pid}) == []
+    finally:
+        named.kill(), plain.kill()
+
+
+def test_a_killed_stage_s_engine_core_is_stopped_by_the_next_engine_start(tmp_path, caplog):
+    stage, core = _orphan_maker(tmp_path)
+    assert [json.loads(p.read_text())["pid"] for p in registry_dir().glob("engine-*.json")] == [core]
+    assert reap_leftover_engines() == []  # its stage still runs: not ours to stop
+    assert psutil.pid_exists(core)
+    stage.send_signal(signal.SIGKILL)  # as the OOM killer or a lost lease would
+    stage.wait()
+    assert psutil.Process(core).is_running()  # nothing stops an orphaned engine core by itself
+    stopped = reap_leftover_engines()
+    assert [(s["pid"], s["config"], s["stopped"]) for s in stopped] == [(core, "killed-config", True)]
+    assert not psutil.pid_exists(core) or psutil.Process(core).status() == psutil.STATUS_ZOMBIE
+    assert not list(registry_dir().glob("engine-*.json"))
+    assert "stopped a leftover vLLM engine core" in caplog.text and "killed-config" in caplog.text
+
+
+def test_the_runner_stops_what_a_dead_stage_left_behind(tmp_path):
+    from replaylib.run import stop_leftover_engines
+    stage, core = _orphan_maker(tmp_path)
+    stage.kill()
+    stage.wait()
+    stop_leftover_engines()
+    assert not psutil.pid_exists(core) or psutil.Process(core).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_registry_entry_of_a_process_that_is_gone_or_reused_is_dropped():
+    gone = _sleeper()
+    gone.kill(), gone.wait()
+    me = psutil.Process()
+    registry_dir().mkdir(parents=True)
+    (registry_dir() / "engine-1.json").write_text(json.dumps(
+        {"pid": gone.pid, "create_time": 1.0, "parent_pid": 1, "parent_create_time": 0.0, "config": "c"}))
+    # a pid whose process is another one now (its start time differs): never signalled
+    (registry_dir() / "engine-2.json").write_text(json.dumps(
+        {"pid": me.pid, "create_time": me.create_time() - 100, "parent_pid": 1, "parent_create_time": 0.0,
+         "config": "c"}))
+    (registry_dir() / "engine-3.json").write_text("{not json")
+    assert reap_leftover_engines() == []
+    assert not list(registry_dir().glob("engine-*.json"))
+
+
+class _Core:
+    """vLLM's engine_core handle: shutdown() ends (or, stuck, fails to end) the stand-in process."""
+
+    def __init__(self, proc, stuck=False):
+        self.proc, self.stuck = proc, stuck
+
+    def shutdown(self):
+        if not self.stuck:
+            self.proc.terminate()
+
+
+def _engine_with_core(stuck=False):
+    from test_engine_vllm import FakeLLM, FakeSP
+    proc = _sleeper(TITLE)
+    time.sleep(0.3)
+    fake = FakeLLM()
+    fake.llm_engine.engine_core = _Core(proc, stuck)
+    engine = engine_vllm.VLLMEngine(fake, FakeSP, config="closing", serving="multiprocess")
+    engine.processes = engine_processes()
+    engine.registered = register_engine_processes(engine.processes, "closing")
+    return engine, proc
+
+
+def test_closing_an_engine_waits_for_its_engine_core_and_unregisters_it(caplog):
+    caplog.set_level(logging.INFO, logger="replaylib")
+    engine, proc = _engine_with_core()
+    assert engine.close() == [proc.pid]
+    assert proc.poll() is not None and not list(registry_dir().glob("engine-*.json"))
+    assert engine.close() == []  # closing twice is harmless
+    assert "engine-core processes" in caplog.text
+
+
+def test_an_engine_core_that_outlives_its_shutdown_is_killed_and_named(caplog):
+    engine, proc = _engine_with_core(stuck=True)
+    assert engine.close(timeout_s=0.5) == [proc.pid]
+    proc.wait(timeout=10)  # (psutil reaped it already: the exit status is gone)
+    assert not psutil.pid_exists(proc.pid)
+    assert "still ran" in caplog.text and str(proc.pid) in caplog.text
+
+
+def test_the_local_executor_closes_its_engine():
+    from replaylib.executor import LocalExecutor
+    closed = []
+    ex = LocalExecutor.__new__(LocalExecutor)
+    ex.engine = SimpleNamespace(close=lambda: closed.append(True))
+    ex.close()
+    ex.close()
+    assert closed == [True] and ex.engine is None
+
+
+def test_engine_starts_and_shutdowns_on_one_gpu_take_turns(caplog, monkeypatch):
+    caplog.set_level(logging.INFO, logger="replaylib")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    held, order = threading.Event(), []
+
+    def first():
+        with gpu_lifecycle_lock("first"):
+            held.set()
+            time.sleep(0.6)
+            order.append("first done")
+
+    t = threading.Thread(target=first)
+    t.start()
+    held.wait()
+    t0 = time.monotonic()
+    with gpu_lifecycle_lock("second"):
+        order.append("second in")
+    t.join()
+    assert order == ["first done", "second in"] and time.monotonic() - t0 > 0.3
+    assert "config second: waiting for another vLLM engine on this GPU" in caplog.text
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # another GPU: no waiting on the first one's lock
+    with gpu_lifecycle_lock("first"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+        t0 = time.monotonic()
+        with gpu_lifecycle_lock("other"):
+            assert time.monotonic() - t0 < 0.3
