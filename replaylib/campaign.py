@@ -268,19 +268,6 @@ def compare(c: Campaign, rows: dict, n_boot: int) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _verdict(results: dict) -> tuple[str, str]:
-    """results: row -> True / False / None (not measured) -> (verdict, detail)."""
-    measured = {k: v for k, v in results.items() if v is not None}
-    if not measured:
-        return "not measured", "no row could measure it"
-    failing = [k for k, v in measured.items() if not v]
-    unmeasured = [k for k, v in results.items() if v is None]
-    detail = (f"fails on {', '.join(failing)}" if failing else f"on {', '.join(measured)}")
-    if unmeasured:
-        detail += f"; not measured on {', '.join(unmeasured)}"
-    return ("does not hold" if failing else "holds"), detail
-
-
 def engine_mode(p: Params) -> str:
     """How a configuration's engine runs, in words: the paper's claims are judged per mode."""
     if p.engine != "vllm":
@@ -294,31 +281,16 @@ def row_mode(c: Campaign, row: Row) -> str:
 
 
 def verdicts(c: Campaign, rows: dict) -> list[dict]:
-    """One line per claim of the paper and engine mode, from the live rows: a campaign with rows in
-    several serving modes (multi-process vLLM, in-process vLLM) is judged mode by mode."""
+    """One line per claim of the paper and engine mode, from the live rows (replaylib.claims: holds,
+    does not hold, underpowered or not measured): a campaign with rows in several serving modes
+    (multi-process vLLM, in-process vLLM) is judged mode by mode."""
+    from . import claims
     out = []
-    modes = list(dict.fromkeys(row_mode(c, r) for r in c.rows + [c.invariant]))
-    for mode in modes:
+    for mode in dict.fromkeys(row_mode(c, r) for r in c.rows + [c.invariant]):
         stock = {r.label: stats.exclude_not_exact(rows[r.label])[0] for r in c.rows if row_mode(c, r) == mode}
-        q = {label: quantities(df) for label, df in stock.items()}
-        excess = {k: None if v["t_clust"] is None or v["excess pp"] is None else bool(v["excess pp"] > 0
-                                                                                      and v["t_clust"] > 2)
-                  for k, v in q.items()}
-        floor = {k: None if v["floor %"] is None else bool(v["floor %"] > 0) for k, v in q.items()}
-        invariant = {}
-        if row_mode(c, c.invariant) == mode:
-            inv = rows[c.invariant.label]
-            invariant = {c.invariant.label: bool(stats.passes_identical(inv)) if len(inv) else None}
-        jac = {}
-        for label, df in stock.items():
-            j = stats.jaccard(df, 0.5)
-            jac[label] = None if j["refeed"] is None or j["replica"] is None else bool(j["refeed"] < j["replica"])
-        claims = [("re-feed disagrees with exact1 above the replica floor (excess > 0, clustered t > 2)", excess),
-                  ("the replica floor is above zero on the stock engine", floor),
-                  ("batch-invariant rows: all passes identical on every channel", invariant),
-                  ("Jaccard of re-feed's selection (|A| >= 0.5) below the replica ceiling", jac)]
-        out += [{"claim": claim, "mode": mode, **dict(zip(("verdict", "detail"), _verdict(res)))}
-                for claim, res in claims]
+        invariant = ({c.invariant.label: stats.exclude_not_exact(rows[c.invariant.label])[0]}
+                     if row_mode(c, c.invariant) == mode else {})
+        out += [{**x, "mode": mode} for x in claims.judge(stock, invariant)]
     return out
 
 

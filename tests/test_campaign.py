@@ -89,8 +89,8 @@ def test_campaign_writes_its_items_and_records_them(runs):
     md = (tdir / "live_vs_published.md").read_text()
     assert "mean nothing" in md  # the tiny campaign says its verdicts mean nothing
     verdicts = [line for line in md.splitlines() if line.startswith("- ")]
-    assert len(verdicts) == 4 and all(any(v in line for v in ("**holds**", "**does not hold**", "**not measured**"))
-                                      for line in verdicts)
+    assert len(verdicts) == 6 and all(any(v in line for v in ("**holds**", "**does not hold**", "**underpowered**",
+                                                              "**not measured**")) for line in verdicts)
     # the tiny model is deterministic on CPU: its batch-invariant row is identical on every channel
     assert "batch-invariant rows: all passes identical on every channel: **holds**" in md
     manifest = json.loads((out / "runs" / "campaign-tiny" / "manifest.json").read_text())
@@ -225,7 +225,7 @@ def test_published_records_as_live_rows_reproduce_the_claims():
                           invariant=campaign.Row(labels[-1], [], labels[-1]), figure1=labels[0], figure3=[],
                           configs={}, sources={}, bootstrap_draws=40, concurrent_configs=0)
     claims = campaign.verdicts(c, rows)
-    assert [x["verdict"] for x in claims] == ["holds"] * 4, claims
+    assert [x["verdict"] for x in claims] == ["holds"] * 6, claims
     table = campaign.compare(c, rows, n_boot=40)
     assert (table.published.fillna(-1) == table.live.fillna(-1)).all()
     measured = table[table.row != "batch-invariant"]
@@ -235,6 +235,30 @@ def test_published_records_as_live_rows_reproduce_the_claims():
     broken["K=8"] = rows["K=8"].assign(A_refeed=rows["K=8"].A_exact1)  # refeed agrees with exact1 everywhere
     assert campaign.verdicts(c, broken)[0]["verdict"] == "does not hold"
     assert "K=8" in campaign.verdicts(c, broken)[0]["detail"]
+
+
+def test_claims_are_judged_per_serving_mode():
+    """Rows in two serving modes: each mode gets its own verdicts (an in-process row whose replica
+    reproduces exact1 exactly cannot make the multi-process floor claim fail)."""
+    from replaylib import records
+    main = records.load_paper_row("main pooled", campaign.PAPER_RECORDS)
+    exact = main.assign(A_exact2=main.A_exact1, cont_diff_exact2=0, greedy_divergence_exact2=False,
+                        greedy_first_logprob_delta_exact2=0.0)
+    vllm = {"engine": "vllm", "device": "cuda", "stop_at_answer": False}
+    configs = {"mp": params.make({**vllm, "config": "mp"}),
+               "ip": params.make({**vllm, "config": "ip", "vllm_serving": "inprocess"})}
+    c = campaign.Campaign(name="modes", path=TINY, note="", rows=[campaign.Row("a (mp)", ["mp"], "main pooled"),
+                                                                  campaign.Row("a (ip)", ["ip"], "main pooled")],
+                          invariant=campaign.Row("inv", ["mp"], "batch-invariant"), figure1="a (mp)", figure3=[],
+                          configs=configs, sources={}, bootstrap_draws=10, concurrent_configs=0)
+    rows = {"a (mp)": main, "a (ip)": exact, "inv": records.load_paper_row("batch-invariant", campaign.PAPER_RECORDS)}
+    claims = campaign.verdicts(c, rows)
+    floor = {x["mode"]: x for x in claims if x["claim"].startswith("the replica floor")}
+    assert set(floor) == {"vLLM multiprocess", "vLLM inprocess"}
+    assert floor["vLLM multiprocess"]["verdict"] == "holds"
+    assert floor["vLLM inprocess"]["verdict"] == "does not hold" and "exactly 0" in floor["vLLM inprocess"]["detail"]
+    md = campaign.comparison_markdown(c, campaign.compare(c, rows, n_boot=10), claims)
+    assert "### vLLM multiprocess" in md and "### vLLM inprocess" in md
 
 
 def test_an_engine_that_cannot_start_stops_in_one_line_naming_its_cause(tmp_path):
