@@ -183,11 +183,17 @@ def load(path, overrides: dict | None = None) -> Campaign:
         raise ValueError(f"{where}: 'figure1' is {data['figure1']!r}; name one of the rows: {labels[:-1]}")
     fig3 = data["figure3"] if isinstance(data["figure3"], list) else [data["figure3"]]
     figure3 = [config_of(f, "figure3") for f in fig3]
-    name = str(data.get("name") or path.stem.removeprefix("campaign-"))
+    name = params_mod.check_name(str(data.get("name") or path.stem.removeprefix("campaign-")), where, "name")
+
+    def count(key, default, lo):
+        v = data.get(key, default)
+        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+            raise ValueError(f"{where}: '{key}' is {v!r}; it must be an integer of at least {lo}")
+        return v
     return Campaign(name=name, path=path.resolve(), note=str(data.get("note", "")).strip(), rows=rows,
                     invariant=invariant, figure1=data["figure1"], figure3=figure3, configs=configs, sources=sources,
-                    bootstrap_draws=int(data.get("bootstrap_draws", 1000)),
-                    concurrent_configs=int(data.get("concurrent_configs", 0)))
+                    bootstrap_draws=count("bootstrap_draws", 1000, 1),
+                    concurrent_configs=count("concurrent_configs", 0, 0))
 
 
 # --------------------------------------------------------------------------- live records
@@ -398,10 +404,13 @@ def copy_shared_stages(c: Campaign, name: str, out_dir=None) -> list[str]:
         if dst != name or not staleness(c.configs[name], stage, out_dir):
             continue
         src_dir = runs / source / stage
-        if staleness(c.configs[source], stage, out_dir):
-            continue  # the source has not finished it (or it is stale): compute it here
-        manifest = json.loads((src_dir / "manifest.json").read_text())
+        try:
+            manifest = json.loads((src_dir / "manifest.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            continue  # the source has not finished it: compute it here
         intact = not changed_outputs(src_dir, manifest.get("outputs", {}))
+        if intact and staleness(c.configs[source], stage, out_dir):
+            continue  # the source has not finished it (or it is stale): compute it here
         upstream = c.configs[name].data_upstream(stage)
         inputs_here = {}
         for up in upstream:
@@ -454,10 +463,8 @@ def _run_config(c: Campaign, name: str, out_dir, force: bool, log_to_file: bool,
 
 def _start_ray(c: Campaign, workers: int) -> str:
     """A local Ray instance for every configuration's stages to join; returns its address."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no network: Ray's usage report stays off
-    import ray
-    ray.init(num_cpus=max(os.cpu_count() or 1, workers), include_dashboard=False, log_to_driver=False)
-    return ray.get_runtime_context().gcs_address
+    from .executor import start_local_ray
+    return start_local_ray(max(os.cpu_count() or 1, workers))
 
 
 def run_configs(c: Campaign, todo: list[str], out_dir=None, force: bool = False) -> list[str]:

@@ -59,7 +59,12 @@ def load_problems(task: str, path: Path | str | None = None) -> list[Problem]:
         )
 
     problems = []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        lines = path.read_bytes().decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[:e.start].count(b"\n") + 1
+        raise ValueError(f"{shown} line {line}: not UTF-8 text ({e.reason}); fix that line or restore the "
+                         f"vendored copy under data/") from None
     for index, line in enumerate(lines):
         where = f"{shown} line {index + 1}"
         try:

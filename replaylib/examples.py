@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+from pathlib import Path
 
 import pandas as pd
 
@@ -125,12 +126,19 @@ def exactness_sentence(config: str, out_dir=None) -> str | None:
 
 # ---------------------------------------------------------------- tokens as text
 def tokenizer(model: str):
-    """The run's tokenizer, or None when its files are not on this machine (a hub model)."""
+    """The run's tokenizer from files on this machine (the embedded or tiny model, a local directory),
+    or None: a hub id in a run's parameters (perhaps a run received from someone else) is never
+    fetched, and the page shows token ids instead."""
     try:
         from transformers import AutoTokenizer
 
         from .models import resolve_model
-        return AutoTokenizer.from_pretrained(resolve_model(model))
+        if not (model.startswith(("embedded:", "tiny")) or Path(model).is_dir()):
+            return None
+        path = resolve_model(model)
+        if not Path(path).is_dir():
+            return None
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception:  # the page shows token ids instead
         return None
 

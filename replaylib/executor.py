@@ -27,6 +27,7 @@ import os
 import socket
 import time
 from collections import deque
+from pathlib import Path
 
 from .engine import make_engine
 from .params import Params
@@ -103,17 +104,55 @@ def _actor_class():
     return EngineActor
 
 
+def ray_token_available() -> bool:
+    """Ray's token authentication can be used: a token in RAY_AUTH_TOKEN, in RAY_AUTH_TOKEN_PATH or in
+    ~/.ray/auth_token (where `ray start --head` writes it)."""
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    return bool(os.environ.get("RAY_AUTH_TOKEN")) or (Path(path) if path else
+                                                       Path.home() / ".ray" / "auth_token").is_file()
+
+
+def join_ray(address: str, config: str = "?") -> None:
+    """Join a running Ray cluster. Ray 2.60 clusters started with `ray start` use token authentication by
+    default, and a client joins them only in token mode: set it when a token is available and the mode is
+    unset (RAY_AUTH_MODE set by the user wins). A cluster that cannot be joined is one line."""
+    import ray
+    if "RAY_AUTH_MODE" not in os.environ and ray_token_available():
+        os.environ["RAY_AUTH_MODE"] = "token"
+        # Ray 2.60 caches its configuration when it is imported: refresh it, as its own
+        # ray._private.authentication.authentication_token_setup._enable_token_auth does
+        from ray._raylet import Config
+        Config.initialize("")
+    try:
+        ray.init(address=address, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise RuntimeError(f"config '{config}': cannot join the Ray cluster at {address} ({first}); start it with "
+                           f"`ray start --head` there and give this machine the cluster's token (~/.ray/auth_token "
+                           f"or RAY_AUTH_TOKEN)") from None
+
+
 def ensure_ray(params: Params) -> bool:
-    """Connect to Ray; True when this call started a local instance (the caller shuts it down)."""
+    """Connect to Ray; True when this call started a local instance (the caller shuts it down). A local
+    instance keeps Ray's token authentication on (its default): Ray 2.60 listens on every interface."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no network: Ray's usage report stays off
     import ray
     if ray.is_initialized():
         return False
     if params.ray_address:
-        ray.init(address=params.ray_address, log_to_driver=False)
+        join_ray(params.ray_address, params.config)
         return False
-    ray.init(num_cpus=max(params.ray_workers, 1), include_dashboard=False, log_to_driver=False)
+    start_local_ray(max(params.ray_workers, 1))
     return True
+
+
+def start_local_ray(num_cpus: int) -> str:
+    """A Ray instance on this machine (token authentication on, Ray's default; no dashboard, no usage
+    report); returns its address, for other processes to join."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)  # never a RAY_ADDRESS
+    return ray.get_runtime_context().gcs_address
 
 
 class RayExecutor:

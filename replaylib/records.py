@@ -81,14 +81,16 @@ def _check_record(path, i, rec):
     if not isinstance(rec, dict):
         raise ValueError(f"{path}: pivot {i} is not an object ({_SCHEMA_HINT})")
     for f in REQUIRED:
-        if f not in rec or _is_missing(rec[f]):
+        if f not in rec or rec[f] is None or rec[f] is pd.NA:
             _fail(path, i, f, "has no field")
     for f in _INT_FIELDS:
         v = rec.get(f)
-        if _is_missing(v):
+        if v is None or v is pd.NA or (f not in REQUIRED and _is_missing(v)):
             continue
-        if not _is_number(v) or v != int(v):
+        if not _is_number(v) or not math.isfinite(v) or v != int(v):
             _fail(path, i, f, f"has a non-integer value {v!r} in field")
+        if not 0 <= v < 2**53:  # ids and positions: non-negative, and exact as any number type reads them
+            _fail(path, i, f, f"has a value {v!r} outside [0, 2**53) in field")
         rec[f] = int(v)
     for f in _NUM_FIELDS + _A_FIELDS:
         v = rec.get(f)
@@ -176,6 +178,10 @@ def load_records(path) -> pd.DataFrame:
     """
     path = Path(path)
     rows, config = _read_rows(path)
+    if config is not None and not isinstance(config, dict):
+        raise ValueError(f"{path}: 'config' must be an object of run settings ({_SCHEMA_HINT})")
+    if not rows:
+        raise ValueError(f"{path}: holds no records (an empty pivots list); nothing to compute")
     for i, rec in enumerate(rows):
         _check_record(path, i, rec)
     df = pd.DataFrame.from_records(rows)
@@ -191,10 +197,24 @@ def load_records(path) -> pd.DataFrame:
     df["source"] = path.stem
     if path.suffix.lower() != ".json":  # this package's own records: no config block in the file
         config = _run_config(path, df)
+    _check_grid(path, df, (config or {}).get("k"))
     df.attrs["configs"] = {path.stem: config}
     df.attrs["path"] = str(path)
     _refuse_duplicates(df, str(path))
     return df
+
+
+def _check_grid(path: Path, df: pd.DataFrame, k) -> None:
+    """Every A is a difference of two success rates out of K: a multiple of 1/K (K from the file's
+    config or params.json; unknown K: not checked)."""
+    if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 1:
+        return
+    for col in _A_FIELDS:
+        off = np.abs(df[col].to_numpy(dtype=float) * k - np.round(df[col].to_numpy(dtype=float) * k)) > 1e-6
+        if off.any():
+            i = int(off.nonzero()[0][0])
+            raise ValueError(f"{path}: pivot {i} has {col} = {df[col].iloc[i]!r}, not a multiple of 1/K (K = {k}): "
+                             f"no K continuations per arm give it ({_SCHEMA_HINT})")
 
 
 def _run_config(path: Path, df: pd.DataFrame) -> dict | None:

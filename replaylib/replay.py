@@ -27,7 +27,7 @@ from .engine import ARMS, PassSettings, PivotJob, continuation_seed, stable_seed
 from .executor import make_executor
 from .grading import grade
 from .params import Params
-from .rundir import StageDir, atomic_save
+from .rundir import StageDir, atomic_save, rerun_command
 
 log = logging.getLogger("replaylib")
 STAGE = "03_three_pass_replay"
@@ -240,6 +240,10 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
             started = time.perf_counter()
             ex.close()
             seconds["engine stop"] = round(time.perf_counter() - started, 2)
+    for rel in list(shard.values()) + list(profile_shard.values()):  # only bytes this run wrote and recorded
+        if not stage.has_shard(rel):
+            raise RuntimeError(f"{stage.path / rel}: not the shard this run recorded (missing, changed or written "
+                               f"by another run); rerun the stage: {rerun_command(params, STAGE, out_dir)}")
     records = pd.concat([pd.read_parquet(stage.file(shard[pid])) for pid in shard], ignore_index=True)
     records["config"] = params.config
     atomic_save(stage.file("records.parquet"), lambda tmp: records.to_parquet(tmp, index=False))

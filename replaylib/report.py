@@ -107,6 +107,9 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.records is not None:
+            if args.json and any(Path(args.json).resolve() == Path(f).resolve() for f in args.records):
+                raise ValueError(f"--json {args.json} is one of the records files it reads; write the summary "
+                                 f"to another file")
             summary = records_summary(args.records, exclude_flagged=not args.keep_flagged)
             if args.json:
                 write_json_atomic(summary, args.json)
@@ -124,6 +127,9 @@ def main(argv=None) -> int:
                 print(f"report: {len(problems)} problem(s) in {args.verify}", file=sys.stderr)
                 return 1
             print(f"{args.verify}: every finished stage's outputs, products and inputs match their manifests")
+            print("not covered (no manifest records them): each stage's executed notebook, run.log, runner.json "
+                  "and progress.json, which the runner writes after the stage; the report site escapes and "
+                  "sanitizes what it shows of them")
     except (ValueError, OSError) as e:
         msg = " ".join(str(e).split())
         print(f"report: error: {msg}", file=sys.stderr)

@@ -22,8 +22,10 @@ import json
 import os
 import shutil
 import sys
+import signal
 import threading
 import time
+import uuid
 from pathlib import Path
 from unittest import mock
 
@@ -31,8 +33,8 @@ from tqdm import tqdm
 
 from . import progress
 from .params import RUN_ORDER, STAGES, Params, load
-from .rundir import (REPO, StageDir, atomic_write_json, code_fingerprint, figures_dir, is_done, notebook_path,
-                     out_root, tables_dir)
+from .rundir import (LOCK_TOKEN_ENV, PARAMS_FILE_ENV, REPO, StageDir, StageLock, atomic_write_json, changed_outputs,
+                     code_fingerprint, figures_dir, is_done, notebook_path, out_root, tables_dir)
 
 ALIASES = {"sampling": "01_sampling", "pivots": "02_pivot_mining", "pivot_mining": "02_pivot_mining",
            "replay": "03_three_pass_replay", "statistics": "04_statistics", "stats": "04_statistics",
@@ -64,13 +66,24 @@ def staleness(params: Params, stage: str, out_dir) -> str | None:
     if not (path / "DONE").exists():
         return "not run yet"
     if not is_done(params, stage, out_dir):
-        return "parameters changed"
+        try:
+            recorded = json.loads((path / "params.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return "no readable params.json"
+        from .params import task_data_sha256
+        same = {k: getattr(params, k) for k in Params.keys_for(stage) if k != "config"} == \
+            {k: v for k, v in recorded.get("params", {}).items() if k != "config"}
+        moved = any(sha != task_data_sha256(t) for t, sha in recorded.get("data_sha256", {}).items())
+        return "the task's data file changed" if same and moved else "parameters changed"
     try:
         manifest = json.loads((path / "manifest.json").read_text())
     except (OSError, json.JSONDecodeError):
         return "no readable manifest"
     if manifest.get("code") != code_fingerprint(stage):
         return "notebook or library code changed"
+    changed = changed_outputs(path, manifest.get("outputs", {}))
+    if changed:
+        return f"its output {changed[0]} changed or went missing since it finished"
     for up in params.data_upstream(stage):
         try:
             outputs = json.loads((path.parent / up / "manifest.json").read_text())["outputs"]
@@ -161,29 +174,46 @@ class StageLine:
             self.poll()
 
 
-def execute(params: Params, stage: str, out_dir, fresh: bool = False) -> Path:
+def execute(params: Params, stage: str, out_dir, fresh: bool = False, params_file=None) -> Path:
     """Run one stage's notebook with papermill; returns the executed notebook's path.
 
     The kernel's and papermill's output goes to <stage dir>/run.log; the stage's progress is
     drawn on the terminal (stderr) as one tqdm line. fresh (--force, a named stage): recompute
-    everything, reusing no partial result."""
-    import papermill
+    everything, reusing no partial result (after checking that its upstream stages can be read:
+    a rerun that would be refused deletes nothing)."""
     declared = declared_parameters(stage)
-    values = {**params.to_dict(), "out_dir": str(out_root(out_dir))}
-    parameters = {k: values[k] for k in declared if k in values}
     missing = [k for k in Params.keys_for(stage) if k not in declared]
     if missing or "config" not in declared:
         raise ValueError(f"{notebook(stage)}: parameters cell lacks {missing or ['config']}; "
                          f"declare them with their defaults")
     stage_dir = out_root(out_dir) / "runs" / params.config / stage
     stage_dir.mkdir(parents=True, exist_ok=True)
-    if fresh:  # --force or a named stage: recompute everything, reuse no partial result
-        StageDir(params, stage, out_dir).clear()
+    # one runner per stage: held from here to the kernel's end, and handed to the kernel by a token
+    token = uuid.uuid4().hex
+    lock = StageLock(out_root(out_dir), params.config, stage).acquire(token)
+    try:
+        if fresh:  # --force or a named stage: recompute everything, reuse no partial result, but
+            sd = StageDir(params, stage, out_dir)  # only once its upstream stages are known to be usable
+            for up in params.data_upstream(stage):
+                sd.check_upstream(up)
+            sd.clear()
+        return _execute(params, stage, out_dir, stage_dir, {LOCK_TOKEN_ENV: token}, params_file)
+    finally:
+        lock.release()
+
+
+def _execute(params: Params, stage: str, out_dir, stage_dir: Path, env: dict, params_file) -> Path:
+    import papermill
+    declared = declared_parameters(stage)
+    values = {**params.to_dict(), "out_dir": str(out_root(out_dir))}
+    parameters = {k: values[k] for k in declared if k in values}
     output = stage_dir / f"{stage}.ipynb"
     (stage_dir / progress.FILE).unlink(missing_ok=True)
     start = time.time()
     # the kernel inherits the environment: no bar of ours, nor the hub's or transformers', inside the notebook
-    no_bars = {progress.RUNNER_ENV: "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    no_bars = {progress.RUNNER_ENV: "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", **env}
+    if params_file:
+        no_bars[PARAMS_FILE_ENV] = str(params_file)
     with mock.patch.dict(os.environ, no_bars), quiet(stage_dir / "run.log") as term:
         line, stop, failed = StageLine(stage, stage_dir, term), threading.Event(), True
         follower = threading.Thread(target=line.follow, args=(stop,), daemon=True)
@@ -223,6 +253,41 @@ def shown(path: Path) -> str:
 def command(args) -> str:
     return (f"python -m replaylib.run {args.params}" + "".join(f" --upto {u}" for u in args.upto or [])
             + (f" --out {args.out}" if args.out else ""))
+
+
+class Terminated(Exception):
+    """SIGTERM, turned into an exception so that the stage stops as a Ctrl-C would."""
+
+
+def _terminated(signum, frame):
+    raise Terminated()
+
+
+def unwritable(runs: Path) -> str | None:
+    """Why the run directory cannot be written, or None."""
+    try:
+        runs.mkdir(parents=True, exist_ok=True)
+        probe = runs / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        return (f"{runs}: cannot write the run directory ({e.strerror or e}); choose another --out or set "
+                f"REPLAYLIB_OUT")
+    return None
+
+
+def stop_summary(params: Params, stage: str, what: str, reason: str, start: float, ran: list, args, runs: Path) -> str:
+    """The lines a stopped run ends with: the stage, why, where to look, what finished, how to resume."""
+    lines = [f"=== replaylib: config {params.config}: stage {stage} {what} after {time.time() - start:.0f} s ===",
+             f"reason     {reason}"]
+    log, nb = runs / stage / "run.log", runs / stage / f"{stage}.ipynb"
+    if log.exists() and log.stat().st_mtime >= start - 1:  # written by this attempt
+        lines.append(f"log        {shown(log)}")
+    if nb.exists() and nb.stat().st_mtime >= start - 1:
+        lines.append(f"notebook   {shown(nb)} (the failing cell and its traceback)")
+    lines += ["before it  " + (", ".join(f"{s} {t:.0f} s" for s, t in ran) or "nothing ran"),
+              f"resume     {command(args)} (finished stages and replayed problems are kept)"]
+    return "\n".join(lines)
 
 
 def closing_summary(params: Params, out_dir, ran: list[tuple[str, float]], site_index: Path | None) -> str:
@@ -275,25 +340,32 @@ def main(argv=None) -> int:
             print(f"[replaylib] config {params.config}: every stage is up to date")
         return 0
     if todo:
+        problem = unwritable(runs)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
         print(f"[replaylib] config {params.config}: running " + ", ".join(f"{s} ({r})" for s, r in todo) +
               f"; each stage's log: {shown(runs)}/<stage>/run.log", flush=True)
     ran = []
-    for stage, reason in todo:
-        start = time.time()
-        try:
-            execute(params, stage, args.out, fresh=args.force or reason == "named")
-        except Exception as e:  # papermill raises with the cell's traceback; keep the console to a few lines
-            ename = getattr(e, "ename", type(e).__name__)
-            evalue = str(getattr(e, "evalue", e)).strip().splitlines()
-            print("\n".join([
-                f"=== replaylib: config {params.config}: stage {stage} FAILED after {time.time() - start:.0f} s ===",
-                f"reason     {ename}: {evalue[-1] if evalue else ''}",
-                f"log        {shown(runs / stage / 'run.log')}",
-                f"notebook   {shown(runs / stage / f'{stage}.ipynb')} (the failing cell and its traceback)",
-                "before it  " + (", ".join(f"{s} {t:.0f} s" for s, t in ran) or "nothing ran"),
-                f"resume     {command(args)} (finished stages and replayed problems are kept)"]), file=sys.stderr)
-            return 1
-        ran.append((stage, time.time() - start))
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        for stage, reason in todo:
+            start = time.time()
+            try:
+                execute(params, stage, args.out, fresh=args.force or reason == "named", params_file=args.params)
+            except (KeyboardInterrupt, Terminated) as e:
+                why = "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else "terminated (SIGTERM)"
+                print(stop_summary(params, stage, "STOPPED", why, start, ran, args, runs), file=sys.stderr)
+                return 130 if isinstance(e, KeyboardInterrupt) else 143
+            except Exception as e:  # papermill raises with the cell's traceback; keep the console to a few lines
+                ename = getattr(e, "ename", type(e).__name__)
+                evalue = str(getattr(e, "evalue", e)).strip().splitlines()
+                reason_line = f"{ename}: {evalue[-1] if evalue else ''}"
+                print(stop_summary(params, stage, "FAILED", reason_line, start, ran, args, runs), file=sys.stderr)
+                return 1
+            ran.append((stage, time.time() - start))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     index = None
     if args.html:
         from . import site

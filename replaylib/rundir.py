@@ -13,10 +13,13 @@ the directory when the key differs.
 from __future__ import annotations
 
 import ast
+import errno
+import fcntl
 import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -26,7 +29,8 @@ from importlib import metadata
 from pathlib import Path
 
 from .data import sha256_file  # noqa: F401  (re-exported: stats and tests use rundir.sha256_file)
-from .params import STAGES, Params
+from .params import RUN_ORDER, STAGES, Params
+from .progress import RUNNER_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = Path(__file__).resolve().parent
@@ -48,15 +52,32 @@ def tables_dir(config: str, out_dir=None) -> Path:
     return out_root(out_dir) / "tables" / config
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+FILE_MODE = 0o666 & ~_UMASK  # what open() would give: a shared results directory keeps its group's access
+
+
+def _no_space(path: Path, e: OSError) -> OSError:
+    """A write error naming the file (a full disk names none by itself)."""
+    if e.errno == errno.ENOSPC:
+        return OSError(e.errno, f"{path}: no space left on the disk; free space or set REPLAYLIB_OUT (or --out) "
+                                f"to another disk")
+    return OSError(e.errno, f"{path}: cannot write ({e.strerror or e})")
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, FILE_MODE)  # mkstemp creates 0600
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise _no_space(path, e) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -73,6 +94,9 @@ def atomic_save(path: Path, writer) -> None:
     try:
         writer(tmp)
         os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise _no_space(path, e) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -186,14 +210,112 @@ class UpstreamError(RuntimeError):
     pass
 
 
+class StageBusy(RuntimeError):
+    pass
+
+
+PARAMS_FILE_ENV = "REPLAYLIB_PARAMS_FILE"  # the runner's params file, for the commands errors suggest
+LOCK_TOKEN_ENV = "REPLAYLIB_STAGE_LOCK"  # set by the runner: it holds the stage's lock for its kernel
+
+
+def rerun_command(params: Params, stage: str, out_dir=None) -> str:
+    """The command that reruns a stage of this configuration: its params file (the runner's, else
+    params/<config>.yaml where it exists) and the output root when it is not the default."""
+    src = os.environ.get(PARAMS_FILE_ENV)
+    if not src:
+        guess = REPO / "params" / f"{params.config}.yaml"
+        src = f"params/{params.config}.yaml" if guess.exists() else "PARAMS.yaml (the file of this configuration)"
+    out = "" if out_dir is None or Path(out_dir).resolve() == DEFAULT_OUT.resolve() else f" --out {out_dir}"
+    return f"python -m replaylib.run {src} {stage}{out}"
+
+
+class StageLock:
+    """One runner at a time per configuration and stage: an exclusive flock on
+    runs/<config>/.locks/<stage>.lock, held from the stage's start to its end (released with the
+    process, whatever kills it). The runner takes it before it clears or starts a stage and hands it
+    to the stage's kernel by a token in the environment."""
+
+    def __init__(self, root: Path, config: str, stage: str):
+        self.path = root / "runs" / config / ".locks" / f"{stage}.lock"
+        self.config, self.stage, self.fd = config, stage, None
+
+    def holder(self) -> dict:
+        try:
+            return json.loads(self.path.read_text() or "{}")
+        except (OSError, json.JSONDecodeError):
+            return {}
+
+    def acquire(self, token: str | None = None, reentrant: bool = False) -> "StageLock":
+        """Take the lock, or raise StageBusy naming who holds it; a lock its holder handed to us (the
+        token the runner put in the environment) is ours already, and so, with reentrant, is one this
+        process took already (a notebook cell run again after a failure)."""
+        if str(self.path) in _HELD:
+            if not reentrant:
+                raise StageBusy(f"this process (pid {os.getpid()}) is running {self.stage} of {self.config} already "
+                                f"({self.path})")
+            self.fd = _HELD[str(self.path)]
+            return self
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+        except OSError as e:
+            raise OSError(f"{self.path.parent}: cannot create the run directory ({e.strerror or e}); fix the path "
+                          f"or set REPLAYLIB_OUT") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = self.holder()
+            if token and holder.get("token") == token:
+                return self  # the runner that started this kernel holds it for us
+            raise StageBusy(f"another runner (pid {holder.get('pid', '?')}) is running {self.stage} of "
+                            f"{self.config} ({self.path}); wait for it to finish, or stop it (a notebook kernel "
+                            f"that ran the stage holds it until the kernel ends)") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "token": token or "", "started": time.time()}).encode())
+        self.fd = _HELD[str(self.path)] = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            _HELD.pop(str(self.path), None)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
+_HELD: dict[str, int] = {}  # lock file -> descriptor, for the stage locks this process holds
+
+
+def find_stage_elsewhere(params: Params, stage: str, out_dir=None, exclude: str = "") -> Path | None:
+    """A finished, unchanged stage with the key `params` asks for, under another configuration's name
+    (the first one in name order), so that a renamed run can start from it."""
+    runs = out_root(out_dir) / "runs"
+    key = params.stage_key(stage)
+    for candidate in sorted(runs.glob(f"*/{stage}")) if runs.is_dir() else []:
+        if candidate.parent.name == exclude or not (candidate / "DONE").exists():
+            continue
+        try:
+            if json.loads((candidate / "params.json").read_text()).get("key") != key:
+                continue
+            outputs = json.loads((candidate / "manifest.json").read_text()).get("outputs", {})
+        except (OSError, json.JSONDecodeError):
+            continue
+        if not changed_outputs(candidate, outputs):
+            return candidate
+    return None
+
+
 class StageDir:
     """One stage's output directory for one configuration."""
 
     def __init__(self, params: Params, stage: str, out_dir=None):
         assert stage in STAGES, stage
         self.params, self.stage = params, stage
+        self.out_dir = out_dir
         self.root = out_root(out_dir) / "runs" / params.config
         self.path = self.root / stage
+        self.lock = None
         self.key = params.stage_key(stage)
         self.inputs: dict[str, str] = {}
         self.started = time.time()
@@ -206,16 +328,13 @@ class StageDir:
     def check_upstream(self, stage: str) -> Path:
         """Refuse an upstream stage that is unfinished, made with other parameters, or modified."""
         path = self.upstream(stage)
-        fix = f"python -m replaylib.run params/{self.params.config}.yaml {stage}"
+        fix = rerun_command(self.params, stage, self.out_dir)
         if not (path / "DONE").exists():
             raise UpstreamError(f"{path}: stage not finished (no DONE); run it first: {fix}")
         recorded = json.loads((path / "params.json").read_text())
         want = self.params.stage_key(stage)
         if recorded.get("key") != want:
-            mine = {k: getattr(self.params, k) for k in Params.keys_for(stage) if k != "config"}
-            theirs = recorded.get("params", {})
-            diff = [f"{k}: {theirs.get(k)!r} there, {v!r} here" for k, v in mine.items() if theirs.get(k) != v]
-            raise UpstreamError(f"{path}: made with other parameters ({'; '.join(diff) or 'upstream key differs'}); "
+            raise UpstreamError(f"{path}: made with other parameters ({self.differences(recorded, stage)}); "
                                 f"rerun it: {fix}")
         outputs = json.loads((path / "manifest.json").read_text()).get("outputs", {})
         changed = changed_outputs(path, outputs)
@@ -224,8 +343,68 @@ class StageDir:
         self.inputs.update({f"{stage}/{rel}": digest for rel, digest in outputs.items()})
         return path
 
+    def changed_values(self, recorded: dict, stage: str) -> dict:
+        """The parameters whose value differs between a stage's recorded params.json and these."""
+        theirs = recorded.get("params", {})
+        return {k: (theirs.get(k), getattr(self.params, k)) for k in Params.keys_for(stage)
+                if k != "config" and theirs.get(k) != getattr(self.params, k)}
+
+    def differences(self, recorded: dict, stage: str) -> str:
+        """What differs between a stage's recorded params.json and these parameters, in words."""
+        from .params import task_data_sha256
+        diff = [f"{k}: {a!r} there, {b!r} here" for k, (a, b) in self.changed_values(recorded, stage).items()]
+        if any(sha != task_data_sha256(task) for task, sha in recorded.get("data_sha256", {}).items()):
+            diff.append("the task's data file changed since it ran")
+        return "; ".join(diff) or "its key differs: made by another version of replaylib"
+
+    def _copy_missing_upstream(self) -> None:
+        """A configuration run under a new name (a parameter changed in a notebook, with config renamed
+        to keep the finished run) starts from the finished stages it shares with another configuration:
+        each missing upstream stage is copied from the one holding it with the same key."""
+        for stage in [s for s in RUN_ORDER if s in self.params.reading([self.stage]) and s != self.stage]:
+            if (self.upstream(stage) / "DONE").exists():
+                continue
+            src = find_stage_elsewhere(self.params, stage, self.out_dir, exclude=self.params.config)
+            if src is not None:
+                copy_stage(src, self.upstream(stage), self.params.config, self.out_dir)
+                print(f"[replaylib] config {self.params.config}: {stage} copied from {src} (same parameters)",
+                      flush=True)
+
+    def _refuse_replacing(self) -> None:
+        """A finished stage made with other parameters is replaced only by the runner (whose plan says
+        so: its parameters changed); a notebook or a direct papermill run with changed values stops and
+        says how to keep both."""
+        if os.environ.get(RUNNER_ENV) or not (self.path / "DONE").exists():
+            return
+        try:
+            recorded = json.loads((self.path / "params.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return
+        if recorded.get("key") == self.key:
+            return
+        changed = self.changed_values(recorded, self.stage)
+        suffix = "".join(f"-{k}{b}" for k, (_, b) in list(changed.items())[:1]) or "-2"
+        new_name = re.sub(r"[^A-Za-z0-9._-]", "_", f"{self.params.config}{suffix}")
+        raise UpstreamError(
+            f"{self.path}: holds a finished {self.stage} made with other parameters ({self.differences(recorded, self.stage)}); "
+            f"to keep it, give this run its own name (config = '{new_name}' in the parameters cell, or -p config "
+            f"{new_name} with papermill: the stages it shares are copied); to replace it, rerun it with the "
+            f"runner: {rerun_command(self.params, self.stage, self.out_dir)}")
+
     # -- writing this stage
     def begin(self) -> "StageDir":
+        self._refuse_replacing()
+        self.lock = StageLock(self.root.parent.parent, self.params.config, self.stage).acquire(
+            os.environ.get(LOCK_TOKEN_ENV), reentrant=True)
+        try:
+            self._begin()
+        except BaseException:
+            self.lock.release()
+            raise
+        return self
+
+    def _begin(self) -> None:
+        self._copy_missing_upstream()
         for stage in self.params.data_upstream(self.stage):
             self.check_upstream(stage)
         try:
@@ -253,10 +432,11 @@ class StageDir:
             # anything here was made from other parameters, inputs or code: never reuse it
             self.clear()
             atomic_write_json(self.path / RESUME_FILE, {"resume_key": self.resume_key, "shards": {}})
+        from .params import task_data_sha256
         atomic_write_json(self.path / "params.json", {
             "stage": self.stage, "key": self.key, "config": self.params.config,
-            "params": {k: getattr(self.params, k) for k in Params.keys_for(self.stage)}})
-        return self
+            "params": {k: getattr(self.params, k) for k in Params.keys_for(self.stage)},
+            "data_sha256": {self.params.task: task_data_sha256(self.params.task)}})
 
     def clear(self) -> None:
         """Remove every result in the stage directory (the executed notebook and logs stay)."""
@@ -301,6 +481,8 @@ class StageDir:
         }
         atomic_write_json(self.path / "manifest.json", manifest)
         atomic_write_bytes(self.path / "DONE", (time.strftime("%Y-%m-%dT%H:%M:%S") + "\n").encode())
+        if getattr(self, "lock", None) is not None:
+            self.lock.release()
         return manifest
 
 

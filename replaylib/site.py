@@ -7,7 +7,10 @@ Writes site/<config>/ beside runs/ (under the same output root):
   figures/*.png         copies of figures/<config>/*.png
   notebooks/<stage>.html each executed stage notebook, rendered by nbconvert's basic template
                         inside a page of our own
-Every asset is in the folder: no script, style sheet or image is fetched from a network.
+Every asset is in the folder: no script, style sheet or image is fetched from a network. Every
+value read from a run (parameters, tables, runner files, notebook outputs) is escaped or
+sanitized, so a run directory received from someone else cannot put script in the page; its
+tokenizer is loaded only from local files.
 """
 from __future__ import annotations
 
@@ -48,7 +51,8 @@ def render_notebook(path: Path, title: str) -> str:
     import nbformat
     from nbconvert import HTMLExporter
     from pygments.formatters import HtmlFormatter
-    exporter = HTMLExporter(template_name="basic")
+    # sanitized: a received run's notebook outputs and Markdown can hold script; rendered here they stay inert
+    exporter = HTMLExporter(template_name="basic", sanitize_html=True)
     body, _ = exporter.from_notebook_node(nbformat.read(str(path), as_version=4))
     css = HtmlFormatter().get_style_defs(".highlight") + "\n.jp-OutputArea-output pre { margin: 0; }"
     back = '<p><a href="../index.html">back to the report</a></p>'
@@ -139,7 +143,7 @@ def build(config: str, out_dir=None, example_pivot: int | None = None) -> Path:
             (tmp / "notebooks" / f"{s}.html").write_text(render_notebook(nb, f"{config}: {s}"))
             link = f'<a href="notebooks/{s}.html">{s}.ipynb</a>'
         seconds = _read_json(d / "runner.json").get("seconds", _read_json(d / "manifest.json").get("elapsed_s", "-"))
-        rows.append(f"<tr><td>{s}</td><td>{seconds}</td><td>{html.escape(stage_numbers(s, d, summary))}</td>"
+        rows.append(f"<tr><td>{s}</td><td>{html.escape(str(seconds))}</td><td>{html.escape(stage_numbers(s, d, summary))}</td>"
                     f"<td>{link}</td></tr>")
     parts.append("<h2>Stages</h2><table><tr><th>stage</th><th>seconds</th><th>what it did</th>"
                  "<th>executed notebook</th></tr>" + "".join(rows) + "</table>")

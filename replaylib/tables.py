@@ -424,7 +424,8 @@ def all_tables(rows: dict, n_boot: int = 2000, runs: dict | None = None, cohorts
 
 def _markdown(df: pd.DataFrame) -> str:
     cells = [[str(c) for c in df.columns]] + [[str(v) for v in row] for row in df.itertuples(index=False)]
-    esc = [[c.replace("|", "\\|") for c in line] for line in cells]
+    # a notebook renders this Markdown: HTML in a value (a model name, a params string) must stay text
+    esc = [[c.replace("&", "&amp;").replace("<", "&lt;").replace("|", "\\|") for c in line] for line in cells]
     lines = ["| " + " | ".join(esc[0]) + " |", "|" + "|".join("---" for _ in esc[0]) + "|"]
     lines += ["| " + " | ".join(line) + " |" for line in esc[1:]]
     return "\n".join(lines) + "\n"

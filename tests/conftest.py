@@ -36,3 +36,12 @@ def isolated_models(tmp_path, monkeypatch):
 
 def slow_enabled() -> bool:
     return os.environ.get("REPLAYLIB_SLOW") == "1"
+
+
+@pytest.fixture(scope="session")
+def tiny_finished(tmp_path_factory):
+    """One finished tiny run (every stage through the runner), shared: tests copy it before changing it."""
+    from replaylib.run import main
+    out = tmp_path_factory.mktemp("tiny-finished")
+    assert main([str(REPO / "params" / "tiny.yaml"), "--out", str(out)]) == 0
+    return out

@@ -15,11 +15,9 @@ from replaylib.run import main, plan
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("out")
-    assert main([str(REPO / "params" / "tiny.yaml"), "--out", str(out)]) == 0
-    return out
+@pytest.fixture
+def tiny_run(tiny_finished):
+    return tiny_finished
 
 
 def test_every_stage_finishes_with_manifest_and_notebook(tiny_run):

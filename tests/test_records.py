@@ -96,7 +96,9 @@ def test_published_null_cont_temp_is_the_trunk_temperature(tmp_path):
 
 
 def _own_run(root, stage, rows, **over):
-    """A stage directory of this package's own: records.parquet beside the stage's params.json."""
+    """A stage directory of this package's own: records.parquet beside the stage's params.json (K = 2:
+    estimates are multiples of 1/2)."""
+    rows = [{**r, **{a: 2 * r[a] for a in ("A_exact1", "A_exact2", "A_refeed")}} for r in rows]
     p = {"model": "tiny:0", "engine": "hf", "temperature": 0.7, "k": 2, "cont_temperature": 0.7,
          "max_cont_tokens": 12, "invariant_max_cont_tokens": 8, **over}
     d = root / stage

