@@ -59,8 +59,7 @@ TOP_KEYS = {"name", "note", "rows", "invariant", "figure1", "figure3", "bootstra
             *EXECUTOR_KEYS}
 ROW_KEYS = {"label", "params", "published"}
 # the Table 1 quantities compared with the published values
-QUANTITIES = ["n (common)", "refeed %", "refeed polarity %", "floor %", "floor polarity %", "excess pp",
-              "t_clust", "z"]
+QUANTITIES = stats.TABLE1_QUANTITIES
 
 
 @dataclass
@@ -226,34 +225,14 @@ def live_rows(c: Campaign, out_dir=None) -> dict:
 
 def quantities(df: pd.DataFrame) -> dict:
     """Table 1's quantities of one record set, unrounded (None where undefined, as Table 1's "-")."""
-    df = stats.exclude_not_exact(df)[0]
-    r = stats.rates(df, "common")
-    cl, spread = stats._clustered(df)
-    mc = stats.mcnemar(df)
-    pct = (lambda x: None if x is None else 100.0 * x)
-    return {"n (common)": r["n"], "refeed %": pct(r["refeed"]["rate"]),
-            "refeed polarity %": pct(r["refeed"]["polarity_rate"]), "floor %": pct(r["floor"]["rate"]),
-            "floor polarity %": pct(r["floor"]["polarity_rate"]), "excess pp": stats.excess_pp(r),
-            "t_clust": cl["t"] if spread else None, "z": mc["z"] if mc["b"] + mc["c"] else None}
+    q = stats.table1_numbers(df)
+    return {k: q[k] for k in QUANTITIES}
 
 
 def bootstrap_quantities(df: pd.DataFrame, n_boot: int, seed: int = 0) -> dict:
-    """95% percentile intervals of every quantity, resampling problems with replacement
-    (a problem drawn twice counts as two clusters)."""
-    df = stats.exclude_not_exact(df)[0]
-    groups = [g for _, g in df.groupby("problem_id", sort=True)]
-    if not groups:
-        return {q: None for q in QUANTITIES}
-    rng = np.random.default_rng(seed)
-    draws = {q: [] for q in QUANTITIES}
-    for _ in range(n_boot):
-        picked = rng.integers(0, len(groups), size=len(groups))
-        sample = pd.concat([groups[i].assign(problem_id=j) for j, i in enumerate(picked)], ignore_index=True)
-        for q, v in quantities(sample).items():
-            if v is not None:
-                draws[q].append(v)
-    return {q: ([float(x) for x in np.percentile(v, [2.5, 97.5])] if len(v) >= max(2, n_boot // 2) else None)
-            for q, v in draws.items()}
+    """95% percentile intervals of every quantity, resampling problems with replacement (``stats``'s
+    one bootstrap; a problem drawn twice counts as two clusters)."""
+    return stats.table1_intervals(df, n_boot, seed)
 
 
 def compare(c: Campaign, rows: dict, n_boot: int) -> pd.DataFrame:

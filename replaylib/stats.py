@@ -229,40 +229,39 @@ def bias(df: pd.DataFrame) -> dict:
     return {"mean": mean, "t": t, "ci95": ci, "n": len(d)}
 
 
+def compare(common: pd.DataFrame, other: str, floor: str = "exact2") -> dict:
+    """Pass ``other`` against exact1 beside the replica floor, over the pivots given (the common
+    set): the one comparison Table 1, the transplant table and the campaigns use.
+
+    flips, rate, zero-crossings and polarity reversals of ``other`` (``disagreement``); the
+    floor's flips; the excess in pp; McNemar b (only ``other`` disagrees), c (only the floor),
+    z = (b - c)/sqrt(b + c), 0 when b + c = 0; and the problem-clustered t: per problem with a
+    pivot here, d = (flips - floor flips)/n, one-sample t of d over problems (sample sd; 0 for
+    zero spread, ``t_spread`` False; None for fewer than 2 problems), its mean in pp, and the
+    counts of problems where ``other`` disagrees more, less, or equally (sec. 4.3)."""
+    mine, base = _disagrees(common, other), _disagrees(common, floor)
+    n = len(common)
+    b, c = int(np.sum(mine & ~base)), int(np.sum(base & ~mine))
+    per = pd.DataFrame({"problem_id": common["problem_id"].to_numpy(), "r": mine.astype(int),
+                        "f": base.astype(int)}).groupby("problem_id").agg(n=("r", "size"), r=("r", "sum"),
+                                                                            f=("f", "sum"))
+    per["d"] = (per["r"] - per["f"]) / per["n"]
+    mean, t, spread = _t_stat(per["d"])
+    floor_flips = int(base.sum())
+    return {**disagreement(common, other), "n": n, "floor_flips": floor_flips,
+            "excess_pp": None if not n else 100.0 * (int(mine.sum()) - floor_flips) / n,
+            "mcnemar_b": b, "mcnemar_c": c, "mcnemar_z": (b - c) / math.sqrt(b + c) if b + c else 0.0,
+            "clustered_t": t, "t_spread": spread, "n_problems": len(per),
+            "mean_excess_pp": None if mean is None else 100.0 * mean,
+            "worse": int((per["r"] > per["f"]).sum()), "better": int((per["r"] < per["f"]).sum()),
+            "equal": int((per["r"] == per["f"]).sum())}
+
+
 def mcnemar(df: pd.DataFrame) -> dict:
     """McNemar z = (b - c)/sqrt(b + c) on the common set; b = only refeed disagrees with
     exact1, c = only the replica does; z = 0 when b + c = 0 (sec. 4.3)."""
-    c_ = common_set(df)
-    fr, ff = _disagrees(c_, "refeed"), _disagrees(c_, "exact2")
-    b, c = int(np.sum(fr & ~ff)), int(np.sum(ff & ~fr))
-    z = (b - c) / math.sqrt(b + c) if b + c else 0.0
-    return {"b": b, "c": c, "z": z}
-
-
-def _per_problem_excess(df: pd.DataFrame) -> pd.DataFrame:
-    """Per problem with >= 1 common pivot: n, refeed flips, floor flips, d = (r - f)/n."""
-    c = common_set(df)
-    g = pd.DataFrame({
-        "problem_id": c["problem_id"].to_numpy(),
-        "r": _disagrees(c, "refeed").astype(int),
-        "f": _disagrees(c, "exact2").astype(int),
-    }).groupby("problem_id").agg(n=("r", "size"), r=("r", "sum"), f=("f", "sum"))
-    g["d"] = (g["r"] - g["f"]) / g["n"]
-    return g
-
-
-def _clustered(df: pd.DataFrame) -> tuple[dict, bool]:
-    g = _per_problem_excess(df)
-    mean, t, spread = _t_stat(g["d"])
-    out = {
-        "n_problems": len(g),
-        "mean_excess": None if mean is None else 100.0 * mean,
-        "t": t,
-        "refeed_worse": int((g["r"] > g["f"]).sum()),
-        "floor_worse": int((g["r"] < g["f"]).sum()),
-        "equal": int((g["r"] == g["f"]).sum()),
-    }
-    return out, spread
+    cmp = compare(common_set(df), "refeed")
+    return {"b": cmp["mcnemar_b"], "c": cmp["mcnemar_c"], "z": cmp["mcnemar_z"]}
 
 
 def clustered(df: pd.DataFrame) -> dict:
@@ -272,9 +271,32 @@ def clustered(df: pd.DataFrame) -> dict:
     d = (refeed flips - floor flips) / that problem's common n; one-sample t of d over
     problems (sample sd; 0 for zero spread; None for fewer than 2 problems).
     ``mean_excess`` is the mean of d in percentage points; counts of problems where
-    refeed disagrees more, the floor disagrees more, or both equally.
+    refeed disagrees more, the floor disagrees more, or both equally; ``spread``: whether the
+    per-problem values differ (the paper prints "-" for a t without spread).
     """
-    return _clustered(df)[0]
+    cmp = compare(common_set(df), "refeed")
+    return {"n_problems": cmp["n_problems"], "mean_excess": cmp["mean_excess_pp"], "t": cmp["clustered_t"],
+            "refeed_worse": cmp["worse"], "floor_worse": cmp["better"], "equal": cmp["equal"],
+            "spread": cmp["t_spread"]}
+
+
+TABLE1_QUANTITIES = ["n (common)", "refeed %", "refeed polarity %", "floor %", "floor polarity %", "excess pp",
+                     "t_clust", "z"]
+
+
+def table1_numbers(df: pd.DataFrame) -> dict:
+    """Table 1's quantities of one record set (records not verified exact excluded), unrounded:
+    None where Table 1 prints "-" (no common pivot; a t without spread; z with b + c = 0)."""
+    df = exclude_not_exact(df)[0]
+    r = rates(df, "common")
+    cmp = compare(common_set(df), "refeed")
+    pct = (lambda x: None if x is None else 100.0 * x)
+    return {"n (common)": r["n"], "refeed %": pct(r["refeed"]["rate"]),
+            "refeed polarity %": pct(r["refeed"]["polarity_rate"]), "floor %": pct(r["floor"]["rate"]),
+            "floor polarity %": pct(r["floor"]["polarity_rate"]), "excess pp": excess_pp(r),
+            "t_clust": cmp["clustered_t"] if cmp["t_spread"] else None,
+            "z": cmp["mcnemar_z"] if cmp["mcnemar_b"] + cmp["mcnemar_c"] else None,
+            "refeed flips": r["refeed"]["flips"], "floor flips": r["floor"]["flips"]}
 
 
 def critical_set(df: pd.DataFrame, pass_: str, threshold: float) -> set:
@@ -480,7 +502,7 @@ def summarize(df: pd.DataFrame, exclude_flagged: bool = True) -> dict:
         "eligibility": eligibility(df),
         "bias": bias(df),
         "mcnemar": mcnemar(df),
-        "clustered": clustered(df),
+        "clustered": {k: v for k, v in clustered(df).items() if k != "spread"},
         "jaccard": {str(t): jaccard(df, t) for t in JACCARD_THRESHOLDS},
         "margin": margin_buckets(df),
         "probes": probes(df),
@@ -513,7 +535,9 @@ def text_numbers(df: pd.DataFrame, exclude_flagged: bool = True) -> dict:
 # --------------------------------------------------------------------------- extras [ours]
 
 def _per_problem_counts(df: pd.DataFrame, threshold: float = 0.5) -> pd.DataFrame:
-    """Per problem (all problems in the records): the additive pieces of excess and Jaccard."""
+    """Per problem (all problems in the records): the additive pieces of Table 1's quantities
+    (common pivots, flips and polarity reversals of refeed and the replica, McNemar's b and c)
+    and of both Jaccards at the threshold."""
     c = common_set(df)
     s1 = df["A_exact1"].abs() >= threshold - _EPS
     sr = df["A_refeed"].abs() >= threshold - _EPS
@@ -523,11 +547,17 @@ def _per_problem_counts(df: pd.DataFrame, threshold: float = 0.5) -> pd.DataFram
         "inter_r": (s1 & sr).to_numpy(int), "union_r": (s1 | sr).to_numpy(int),
         "inter_f": (s1 & s2).to_numpy(int), "union_f": (s1 | s2).to_numpy(int),
     }).groupby("problem_id").sum()
+    fr, ff = _disagrees(c, "refeed"), _disagrees(c, "exact2")
+    s_1 = sign(c["A_exact1"])
     flips = pd.DataFrame({
         "problem_id": c["problem_id"].to_numpy(),
         "n": 1,
-        "r": _disagrees(c, "refeed").astype(int),
-        "f": _disagrees(c, "exact2").astype(int),
+        "r": fr.astype(int),
+        "f": ff.astype(int),
+        "rp": (s_1 * sign(c["A_refeed"]) == -1).astype(int),
+        "fp": (s_1 * sign(c["A_exact2"]) == -1).astype(int),
+        "b": (fr & ~ff).astype(int),
+        "c": (ff & ~fr).astype(int),
     }).groupby("problem_id").sum()
     return parts.join(flips, how="left").fillna(0)
 
@@ -540,32 +570,74 @@ def _percentile_ci(x: np.ndarray) -> list | None:
     return [float(lo), float(hi)]
 
 
-def bootstrap(df: pd.DataFrame, n_boot: int = 2000, rng=0) -> dict:
-    """[ours] Problem-level bootstrap 95% percentile CIs of the excess (pp) and of both
-    Jaccards at |A| >= 0.5: resample problems with replacement (``rng``: a seed or a
-    numpy Generator), recompute each statistic on the resampled record set."""
+def problem_bootstrap(df: pd.DataFrame, n_boot: int = 2000, rng=0) -> dict:
+    """The one bootstrap [ours]: resample problems with replacement (a problem drawn twice counts as
+    two clusters; ``rng``: a seed or a numpy Generator) and recompute, per draw, Table 1's
+    quantities (``TABLE1_QUANTITIES``) and both Jaccards at |A| >= 0.5 from the per-problem counts.
+    Returns {quantity: array of n_boot draws}, NaN where a draw leaves it undefined (no common
+    pivot; a t without spread or over fewer than 2 problems; z with b + c = 0); {} without problems."""
     rng = np.random.default_rng(rng)
     counts = _per_problem_counts(df, 0.5)
     m = len(counts)
     if m == 0:
-        return {"n_boot": n_boot, "n_problems": 0, "excess_pp": None,
-                "jaccard_refeed_0.5": None, "jaccard_replica_0.5": None}
+        return {}
     idx = rng.integers(0, m, size=(n_boot, m))
     w = np.zeros((n_boot, m))
     np.add.at(w, (np.repeat(np.arange(n_boot), m), idx.ravel()), 1.0)
     s = {col: w @ counts[col].to_numpy(float) for col in counts.columns}
+    # per problem with common pivots: d = (r - f)/n; its weighted mean, sample sd and t over the draw
+    has = counts["n"].to_numpy(float) > 0
+    d = np.where(has, (counts["r"] - counts["f"]).to_numpy(float) / np.where(has, counts["n"], 1), 0.0)
+    wh = w[:, has]
+    k = wh.sum(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        exc = 100.0 * (s["r"] - s["f"]) / s["n"]
-        jr = s["inter_r"] / s["union_r"]
-        jf = s["inter_f"] / s["union_f"]
+        mean = (wh @ d[has]) / k
+        var = (wh * (d[has][None, :] - mean[:, None]) ** 2).sum(axis=1) / (k - 1)
+        t = np.where((k >= 2) & (var > 0), mean / np.sqrt(var / k), np.nan)
+        bc = s["b"] + s["c"]
+        out = {
+            "n (common)": s["n"],
+            "refeed %": np.where(s["n"] > 0, 100.0 * s["r"] / s["n"], np.nan),
+            "refeed polarity %": np.where(s["n"] > 0, 100.0 * s["rp"] / s["n"], np.nan),
+            "floor %": np.where(s["n"] > 0, 100.0 * s["f"] / s["n"], np.nan),
+            "floor polarity %": np.where(s["n"] > 0, 100.0 * s["fp"] / s["n"], np.nan),
+            "excess pp": 100.0 * (s["r"] - s["f"]) / s["n"],
+            "t_clust": t,
+            "z": np.where(bc > 0, (s["b"] - s["c"]) / np.sqrt(bc), np.nan),
+            "jaccard_refeed_0.5": s["inter_r"] / s["union_r"],
+            "jaccard_replica_0.5": s["inter_f"] / s["union_f"],
+        }
+    return out
+
+
+def bootstrap(df: pd.DataFrame, n_boot: int = 2000, rng=0) -> dict:
+    """[ours] Problem-level bootstrap 95% percentile CIs of the excess (pp) and of both
+    Jaccards at |A| >= 0.5 (``problem_bootstrap``), beside their point estimates."""
+    draws = problem_bootstrap(df, n_boot, rng)
+    if not draws:
+        return {"n_boot": n_boot, "n_problems": 0, "excess_pp": None,
+                "jaccard_refeed_0.5": None, "jaccard_replica_0.5": None}
     point = {
         "excess_pp": excess_pp(rates(df, "common")),
         "jaccard_refeed_0.5": jaccard(df, 0.5)["refeed"],
         "jaccard_replica_0.5": jaccard(df, 0.5)["replica"],
     }
-    out = {"n_boot": n_boot, "n_problems": m}
-    for key, draws in (("excess_pp", exc), ("jaccard_refeed_0.5", jr), ("jaccard_replica_0.5", jf)):
-        out[key] = {"estimate": point[key], "ci95": _percentile_ci(draws)}
+    out = {"n_boot": n_boot, "n_problems": int(df["problem_id"].nunique())}
+    for key, name in (("excess_pp", "excess pp"), ("jaccard_refeed_0.5", "jaccard_refeed_0.5"),
+                      ("jaccard_replica_0.5", "jaccard_replica_0.5")):
+        out[key] = {"estimate": point[key], "ci95": _percentile_ci(draws[name])}
+    return out
+
+
+def table1_intervals(df: pd.DataFrame, n_boot: int, seed: int = 0) -> dict:
+    """95% percentile intervals of Table 1's quantities (records not verified exact excluded); None
+    for a quantity defined in fewer than half of the draws."""
+    draws = problem_bootstrap(exclude_not_exact(df)[0], n_boot, seed)
+    out = {}
+    for q in TABLE1_QUANTITIES:
+        v = draws.get(q, np.array([]))
+        v = v[np.isfinite(v)]
+        out[q] = _percentile_ci(v) if len(v) >= max(2, n_boot // 2) else None
     return out
 
 
@@ -711,21 +783,14 @@ def transplant(df: pd.DataFrame) -> pd.DataFrame:
     for p in present:
         nz |= df[f"A_{p}"].to_numpy(float) != 0
     common = df.loc[nz]
-    floor = _disagrees(common, "exact2")
     out = []
     for p in present:
-        d = disagreement(common, p)
-        mine = _disagrees(common, p)
-        b, c = int(np.sum(mine & ~floor)), int(np.sum(floor & ~mine))
-        per = pd.DataFrame({"problem_id": common["problem_id"].to_numpy(), "x": mine.astype(int),
-                            "f": floor.astype(int)}).groupby("problem_id").agg(
-            n=("x", "size"), x=("x", "sum"), f=("f", "sum"))
-        _, t, _ = _t_stat((per["x"] - per["f"]) / per["n"]) if len(per) else (None, None, False)
+        cmp = compare(common, p)
         vs_refeed = int(np.sum(sign(common[f"A_{p}"]) != sign(common["A_refeed"])))
-        out.append({"pass": p, "n": len(common), "flips": d["flips"], "rate": d["rate"], "polarity": d["polarity"],
-                    "excess_pp": None if not len(common) else 100.0 * (d["flips"] - int(floor.sum())) / len(common),
-                    "mcnemar_b": b, "mcnemar_c": c, "mcnemar_z": (b - c) / math.sqrt(b + c) if b + c else 0.0,
-                    "clustered_t": t, "n_problems": len(per), "flips_vs_refeed": vs_refeed,
+        out.append({"pass": p, "n": cmp["n"], "flips": cmp["flips"], "rate": cmp["rate"],
+                    "polarity": cmp["polarity"], "excess_pp": cmp["excess_pp"], "mcnemar_b": cmp["mcnemar_b"],
+                    "mcnemar_c": cmp["mcnemar_c"], "mcnemar_z": cmp["mcnemar_z"], "clustered_t": cmp["clustered_t"],
+                    "n_problems": cmp["n_problems"], "flips_vs_refeed": vs_refeed,
                     "rate_vs_refeed": _ratio(vs_refeed, len(common)), "pivots": len(df),
                     "probe_equal_exact1": _probe_equal_share(df, "exact1", p),
                     "probe_equal_refeed": _probe_equal_share(df, "refeed", p)})

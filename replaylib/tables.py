@@ -14,9 +14,9 @@ from pathlib import Path
 import pandas as pd
 
 from replaylib.rundir import atomic_save, atomic_write_bytes
-from replaylib.stats import (JACCARD_THRESHOLDS, _clustered, bias, cache, common_set, eligibility,
+from replaylib.stats import (JACCARD_THRESHOLDS, bias, clustered, table1_numbers, cache, common_set, eligibility,
                              exclude_not_exact, excess_pp, extras, infer_k, jaccard, margin_buckets,
-                             mcnemar, pass_comparisons, by_pass_order, preregistered, probes, rates,
+                             pass_comparisons, by_pass_order, preregistered, probes, rates,
                              resume_exactness, row_meta, selection_gap, selection_near_threshold)
 
 def _pct(x, digits=1):
@@ -39,22 +39,19 @@ def _excluded(df):
 
 
 def table1(rows: dict) -> pd.DataFrame:
-    """Table 1 (docs/protocol.md 5.1): one line per configuration, the paper's columns and rounding;
-    "-" where a statistic is undefined (t with zero spread, z with b + c = 0)."""
+    """Table 1 (docs/protocol.md 5.1): one line per configuration, ``stats.table1_numbers`` in the paper's
+    columns and rounding; "-" where a statistic is undefined (t with zero spread, z with b + c = 0)."""
     out = []
     for label, df in rows.items():
         meta = row_meta(label, df)
-        df = _excluded(df)
-        r = rates(df, "common")
-        cl, spread = _clustered(df)
-        mc = mcnemar(df)
+        q = table1_numbers(df)
 
         def rate_cell(side):
-            if r["n"] == 0:
+            if q["n (common)"] == 0:
                 return "-"
-            if side["flips"] == 0:
-                return _pct(side["rate"])
-            return f"{_pct(side['rate'])} ({100 * side['polarity_rate']:.1f})"
+            if q[f"{side} flips"] == 0:
+                return f"{q[f'{side} %']:.1f}%"
+            return f"{q[f'{side} %']:.1f}% ({q[f'{side} polarity %']:.1f})"
 
         temp = meta["cont_temp"]
         out.append({
@@ -63,12 +60,13 @@ def table1(rows: dict) -> pd.DataFrame:
             "K": meta["k"],
             "cont. temp": f"{temp:g}" if isinstance(temp, (int, float)) else temp,
             "problems": meta["problems"],
-            "n (common)": r["n"],
-            "refeed (polarity)": rate_cell(r["refeed"]),
-            "floor (polarity)": rate_cell(r["floor"]),
-            "excess pp": _excess_cell(r),
-            "t_clust": _num(cl["t"], ".2f") if spread else "-",
-            "z": _num(mc["z"], ".2f") if mc["b"] + mc["c"] else "-",
+            "n (common)": q["n (common)"],
+            "refeed (polarity)": rate_cell("refeed"),
+            "floor (polarity)": rate_cell("floor"),
+            "excess pp": "0" if q["n (common)"] and q["refeed flips"] == q["floor flips"] == 0
+            else _num(q["excess pp"], "+.1f"),
+            "t_clust": _num(q["t_clust"], ".2f"),
+            "z": _num(q["z"], ".2f"),
         })
     return pd.DataFrame(out)
 
@@ -209,7 +207,7 @@ def table_bootstrap(rows: dict, seed: int = 0, n_boot: int = 2000) -> pd.DataFra
     for label, df in rows.items():
         e = extras(df, seed=seed, n_boot=n_boot)
         b, lpm = e["bootstrap"], e["lpm"]
-        spread = _clustered(_excluded(df))[1]
+        spread = clustered(_excluded(df))["spread"]
 
         def cell(entry, fmt):
             if not entry or entry["estimate"] is None:
@@ -236,7 +234,8 @@ def table_clustered(rows: dict) -> pd.DataFrame:
     disagrees with exact1 more often than the replica does, less often, or equally."""
     out = []
     for label, df in rows.items():
-        cl, spread = _clustered(_excluded(df))
+        cl = clustered(_excluded(df))
+        spread = cl["spread"]
         out.append({"configuration": label, "problems": cl["n_problems"],
                     "refeed worse": cl["refeed_worse"], "refeed better": cl["floor_worse"], "equal": cl["equal"],
                     "worse-better": f"{cl['refeed_worse']}-{cl['floor_worse']}",
