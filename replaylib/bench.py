@@ -58,6 +58,7 @@ import torch
 
 from .data import load_problems
 from .engine import ARMS, PassSettings, PivotOutput, trunk_seed
+from .sampling import trunk_row
 from .params import BOXED_INSTRUCTION, make
 
 LAST_LINE = "speedup_vs_naive={ratio:.3f} tokens_per_s={ours:.2f} naive_tokens_per_s={naive:.2f}"
@@ -216,10 +217,7 @@ def build_workload(engine, wl: Workload, log=print):
     seeds = {(pid, r): trunk_seed(pid, r) for pid in wl.problems for r in range(wl.n_rollouts)}
     trunks, _ = engine.sample_trunks(prompts, wl.n_rollouts, seeds, wl.temperature, wl.top_p,
                                      wl.max_trunk_tokens, 5)
-    rows = [{"problem_id": pid, "rollout": t.rollout, "seed": t.seed, "kept": True, "prompt_ids": t.prompt_ids,
-             "gen_ids": t.gen_ids, "topk_ids": t.topk_ids, "topk_logprobs": t.topk_logprobs,
-             "correct": grade(engine.decode(t.gen_ids), problems[pid].gold, "gsm8k"),
-             "finish_reason": t.finish_reason, "n_tokens": len(t.gen_ids)}
+    rows = [trunk_row(t, kept=True, correct=grade(engine.decode(t.gen_ids), problems[pid].gold, "gsm8k"))
             for pid in wl.problems for t in trunks[pid]]
     trunks_df = pd.DataFrame(rows)
     params = make({"config": f"bench-{wl.name}", "model": wl.model, "margin_threshold": wl.margin_threshold,
@@ -753,14 +751,9 @@ def plain_requests(engine, trunk_rows: pd.DataFrame, jobs: list, settings: PassS
                                             seed=int(t.seed), detokenize=False))
     for _ in passes:
         for job in jobs:
-            for arm in ARMS:
-                ids = job.prefix_ids(arm)
-                for k in range(settings.k):
-                    prompts.append(ids)
-                    params.append(engine._sampling(settings, job.seeds[arm][k]))
-                prompts.append(ids)
-                params.append(engine.SamplingParams(temperature=0.0, max_tokens=settings.probe_tokens, logprobs=1,
-                                                    detokenize=False))
+            for arm, kind in job.requests(settings.k):
+                prompts.append(job.prefix_ids(arm))
+                params.append(engine._request_params(settings, job, arm, kind))
     return prompts, params
 
 
@@ -835,9 +828,7 @@ def main_paper7b(args, log) -> int:
     trunks, _ = engine.sample_trunks(prompts, w["rollouts"], seeds, w["temperature"], w["top_p"], w["trunk_tokens"],
                                      w["top_logprobs"])
     sampling_s = time.perf_counter() - t0
-    trunk_rows = pd.DataFrame([{"problem_id": pid, "rollout": t.rollout, "seed": t.seed, "prompt_ids": t.prompt_ids,
-                                "gen_ids": t.gen_ids, "topk_ids": t.topk_ids, "topk_logprobs": t.topk_logprobs,
-                                "correct": False} for pid in problems for t in trunks[pid]])
+    trunk_rows = pd.DataFrame([trunk_row(t, correct=False) for pid in problems for t in trunks[pid]])
     trunk_tokens = int(sum(len(g) for g in trunk_rows.gen_ids))
     log(f"sampling (stage 01's engine work, one generate call per problem): {len(trunk_rows)} trunks, "
         f"{trunk_tokens} tokens in {sampling_s:.1f} s ({trunk_tokens / sampling_s:.0f} tokens/s)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 from dataclasses import dataclass, field
+from typing import Protocol
 
 ARMS = ("actual", "alt")
 
@@ -60,6 +61,12 @@ class PivotJob:
     def prefix_ids(self, arm: str) -> list[int]:
         return self.prompt_ids + self.gen_prefix + [self.forced[arm]]
 
+    @staticmethod
+    def requests(k: int) -> list[tuple[str, int | str]]:
+        """The one request layout of a pivot, the same in every pass and engine: per arm, K sampled
+        continuations (kind 0..K-1, the index of its seed), then the greedy probe (kind "probe")."""
+        return [(arm, kind) for arm in ARMS for kind in [*range(k), "probe"]]
+
 
 @dataclass
 class PassSettings:
@@ -87,6 +94,60 @@ class PivotOutput:
 
 class EngineUnavailable(RuntimeError):
     pass
+
+
+def chat_prompt_ids(tok, question: str, instruction: str) -> list[int]:
+    """The prompt of a problem as token ids: the model's chat template with one user turn (the question,
+    then the instruction) and the generation prompt (docs/protocol.md section 2)."""
+    ids = tok.apply_chat_template([{"role": "user", "content": question + instruction}],
+                                  add_generation_prompt=True, tokenize=True)
+    return [int(i) for i in (ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)]
+
+
+class Engine(Protocol):
+    """What every engine offers; the stages use nothing else (replaylib.engine_hf, replaylib.engine_vllm).
+
+    A *decode-time state* is whatever lets an engine resume the KV a trunk had while it was decoded:
+    the transformers engine returns it from ``sample_trunks`` (problem -> rollout -> tensors; the
+    sampling stage saves it with ``replaylib.state.save_state``), the vLLM engine keeps it in its
+    prefix cache and returns None (the replay stage re-establishes it)."""
+
+    name: str
+    stop_ids: set
+    special_ids: set
+
+    def describe(self) -> dict:
+        """What the manifests record about the engine (kind, model, device, dtype, mode, versions)."""
+
+    def prompt_ids(self, question: str, instruction: str) -> list[int]:
+        """``chat_prompt_ids`` with the engine's tokenizer."""
+
+    def decode(self, ids: list[int]) -> str:
+        """Token ids as text (special tokens skipped), for grading."""
+
+    def sample_trunks(self, prompts: dict, n_rollouts: int, seeds: dict, temperature: float, top_p: float,
+                      max_new_tokens: int, top_logprobs: int) -> tuple[dict, dict | None]:
+        """Trunks by problem (``Trunk``), and the decode-time state by problem or None."""
+
+    def problem_state(self, sampling_dir, problem_id: int, trunks, expected: dict | None = None) -> tuple:
+        """In another process than the sampling: (state handle, {rollout: verified}) of one problem,
+        from the sampling stage's directory and trunk table (``expected``: its recorded digests)."""
+
+    def resident_state(self, problem_id: int, trunks, produced: dict | None) -> tuple:
+        """In the process that sampled (the batch-invariant stage): the same pair from what
+        ``sample_trunks`` returned (``produced``)."""
+
+    def run_pass(self, jobs: list, pass_name: str, settings: "PassSettings", state) -> list:
+        """One pass over pivot jobs (``PivotOutput`` each, with its exactness report in ``resume``)."""
+
+    def check_regeneration(self, jobs: list, settings: "PassSettings", state) -> dict:
+        """pivot_id -> whether the trunk regenerates from the pivot ({} where the engine has no check)."""
+
+    def layer_profile(self, jobs: list, state) -> list:
+        """[ours] Per pivot and layer, where decode-time and re-fed K, V differ (transformers only)."""
+
+    def close(self) -> None:
+        """Stop the engine and whatever processes it started."""
 
 
 def make_engine(params, invariant: bool = False):

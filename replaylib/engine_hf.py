@@ -12,7 +12,6 @@
 """
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from . import progress
-from .engine import ARMS, PassSettings, PivotJob, PivotOutput, Trunk
+from .engine import ARMS, PassSettings, PivotJob, PivotOutput, Trunk, chat_prompt_ids
 from .grading import answer_complete
+from .state import ResidentState, load_state
 
 NUCLEUS_CANDIDATES = 128  # the nucleus is searched among the top tokens first (full sort as fallback)
 
@@ -167,9 +167,7 @@ class HFEngine:
 
     # ---------------------------------------------------------------- text
     def prompt_ids(self, question: str, instruction: str) -> list[int]:
-        ids = self.tok.apply_chat_template([{"role": "user", "content": question + instruction}],
-                                           add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return chat_prompt_ids(self.tok, question, instruction)
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
@@ -465,13 +463,13 @@ class HFEngine:
             result.update({j.pivot_id: tokens == list(j.trunk_rest) for j, tokens in zip(chunk, out["tokens"])})
         return result
 
-    @staticmethod
-    def _row_layout(settings: PassSettings):
-        """Rows of one pivot, the same in every pass: per arm, K sampled continuations, then the greedy probe."""
-        return [(arm, k) for arm in ARMS for k in [*range(settings.k), "probe"]]
+    def resident_state(self, problem_id: int, trunks, produced: dict | None):
+        """The state sample_trunks produced in this process, checked against its digests."""
+        state = produced[problem_id]
+        return state, {r: state.verify(r) for r in state}
 
     def _run_chunk(self, jobs, kind, settings, state, alone, prefix_state=None):
-        layouts = [self._row_layout(settings) for _ in jobs]
+        layouts = [job.requests(settings.k) for job in jobs]
         if alone:  # every row alone; an arm's re-fed prefix is computed once and copied
             results = []
             for job, layout in zip(jobs, layouts):
@@ -703,57 +701,3 @@ def _row_state(cache, slot: int):
 
 
 ROW_FIELDS = ("tokens", "placed", "first_lp", "first_topk")
-
-
-def state_digest(keys: torch.Tensor, values: torch.Tensor) -> str:
-    """sha256 of a rollout's decode-time KV (dtype and shape included), on whatever device it is."""
-    h = hashlib.sha256()
-    for t in (keys, values):
-        t = t.detach().cpu().contiguous()
-        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-        h.update((t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.uint8)).numpy().tobytes())
-    return h.hexdigest()
-
-
-class ResidentState(dict):
-    """rollout -> (keys, values) [layers, kv_heads, length, head_dim] on the engine's device, with the
-    digests taken when the state was produced (rollout -> sha256)."""
-
-    def __init__(self, kv: dict, expected: dict):
-        super().__init__(kv)
-        self.expected = {int(r): d for r, d in expected.items()}
-
-    @classmethod
-    def produced(cls, kv: dict) -> "ResidentState":
-        """A state just produced in this process: its digests are taken now."""
-        return cls(kv, {r: state_digest(k, v) for r, (k, v) in kv.items()})
-
-    def verify(self, rollout: int) -> bool:
-        """The tensors held now have the digest taken when they were produced."""
-        return rollout in self and rollout in self.expected and state_digest(*self[rollout]) == self.expected[rollout]
-
-
-def save_state(problem_state: dict, path: Path) -> dict:
-    """Write one problem's decode-time KV (rollout -> (keys, values)) to safetensors, with digests."""
-    from safetensors.torch import save_file
-    from .rundir import atomic_save
-    tensors, digests = {}, {}
-    for r, (k, v) in sorted(problem_state.items()):
-        tensors[f"r{r}.keys"], tensors[f"r{r}.values"] = k.contiguous().cpu(), v.contiguous().cpu()
-        digests[f"digest.r{r}"] = state_digest(k.cpu(), v.cpu())
-    atomic_save(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata=digests))
-    return digests
-
-
-def load_state(path: Path) -> tuple[dict, dict]:
-    """Read a problem's saved KV; returns (rollout -> (keys, values), rollout -> loaded bits match saved)."""
-    from safetensors import safe_open
-    state, verified = {}, {}
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        rollouts = sorted({int(name[1:].split(".")[0]) for name in f.keys()})
-        for r in rollouts:
-            k, v = f.get_tensor(f"r{r}.keys"), f.get_tensor(f"r{r}.values")
-            state[r] = (k, v)
-            verified[r] = meta.get(f"digest.r{r}") == state_digest(k, v)
-    return state, verified

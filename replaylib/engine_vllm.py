@@ -89,7 +89,7 @@ import time
 from pathlib import Path
 
 from . import progress
-from .engine import ARMS, EngineUnavailable, PassSettings, PivotJob, PivotOutput, Trunk, trunk_seed
+from .engine import ARMS, EngineUnavailable, PassSettings, PivotJob, PivotOutput, Trunk, chat_prompt_ids, trunk_seed
 
 log = logging.getLogger("replaylib")
 
@@ -423,9 +423,7 @@ class VLLMEngine:
 
     # ---------------------------------------------------------------- text
     def prompt_ids(self, question: str, instruction: str) -> list[int]:
-        ids = self.tok.apply_chat_template([{"role": "user", "content": question + instruction}],
-                                           add_generation_prompt=True, tokenize=True)
-        return _ints(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return chat_prompt_ids(self.tok, question, instruction)
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=True)
@@ -603,6 +601,20 @@ class VLLMEngine:
             used += need
         return chunks
 
+    def _request_params(self, settings: PassSettings, job: PivotJob, arm: str, kind):
+        """The sampling parameters of one request of a pivot's layout (PivotJob.requests)."""
+        if kind == "probe":  # greedy, fixed length, first-token logprob: the grading-free channel
+            return self.SamplingParams(temperature=0.0, max_tokens=settings.probe_tokens, logprobs=1,
+                                       detokenize=False)
+        return self._sampling(settings, job.seeds[arm][kind])
+
+    def resident_state(self, problem_id: int, trunks, produced=None):
+        """The trunks' KV lives in the prefix cache: make it resident again (as problem_state)."""
+        return self.problem_state(None, problem_id, trunks)
+
+    def layer_profile(self, jobs, state):
+        raise ValueError("layer_profile needs engine: hf (vLLM's APIs do not hand out a KV state)")
+
     def _sampling(self, settings: PassSettings, seed: int):
         if settings.temperature > 0:
             return self.SamplingParams(temperature=settings.temperature, top_p=settings.top_p,
@@ -655,16 +667,10 @@ class VLLMEngine:
         """
         layout, prompts, params = [], [], []
         for j, job in enumerate(jobs):
-            for arm in ARMS:
-                ids = job.prefix_ids(arm)
-                for k in range(settings.k):
-                    layout.append((j, arm, k))
-                    prompts.append(ids)
-                    params.append(self._sampling(settings, job.seeds[arm][k]))
-                layout.append((j, arm, "probe"))
-                prompts.append(ids)
-                params.append(self.SamplingParams(temperature=0.0, max_tokens=settings.probe_tokens, logprobs=1,
-                                                  detokenize=False))
+            for arm, kind in job.requests(settings.k):
+                layout.append((j, arm, kind))
+                prompts.append(job.prefix_ids(arm))
+                params.append(self._request_params(settings, job, arm, kind))
         if alone:
             outs, preempted = [], 0
             for i, (prompt, sp) in enumerate(zip(prompts, params)):

@@ -55,12 +55,8 @@ def invariant_unit(engine, params: Params, chosen: list[tuple], stage_dir=None) 
     trunks, state = engine.sample_trunks(prompts, params.invariant_rollouts, seeds, params.temperature,
                                          params.top_p, params.invariant_max_trunk_tokens or params.max_trunk_tokens,
                                          params.top_logprobs)
-    rows = [{"problem_id": t.problem_id, "rollout": t.rollout, "seed": t.seed, "prompt_ids": t.prompt_ids,
-             "gen_ids": t.gen_ids,
-             "topk_ids": t.topk_ids, "topk_logprobs": t.topk_logprobs,
-             "correct": grade(engine.decode(t.gen_ids), gold[pid], params.task)}
-            for pid in prompts for t in trunks[pid]]
-    trunks_df = pd.DataFrame(rows)
+    trunks_df = pd.DataFrame([sampling.trunk_row(t, correct=grade(engine.decode(t.gen_ids), gold[pid], params.task))
+                              for pid in prompts for t in trunks[pid]])
     pivots = pivot_stage.mine(trunks_df, params, engine.special_ids)
     pivots = pivots.groupby("problem_id").head(params.invariant_pivots).reset_index(drop=True)
     if pivots.empty:
@@ -74,10 +70,7 @@ def invariant_unit(engine, params: Params, chosen: list[tuple], stage_dir=None) 
         if group.empty:
             continue
         jobs = build_jobs(group, trunks_df[trunks_df.problem_id == pid], params.k)
-        if state is None:  # vLLM: the trunks' KV lives in its prefix cache; make it resident again
-            resident, verified = engine.problem_state(None, pid, trunks_df)
-        else:  # transformers: the decode-time state, still in memory (checked against its digests)
-            resident, verified = state[pid], {r: state[pid].verify(r) for r in state[pid]}
+        resident, verified = engine.resident_state(pid, trunks_df, state)
         records += replay_problem(engine, jobs, group, resident, verified, gold[pid], params,
                                   max_tokens=params.invariant_max_cont_tokens)
     if bar is not None:

@@ -93,6 +93,7 @@ def atomic_save(path: Path, writer) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         writer(tmp)
+        os.chmod(tmp, FILE_MODE)  # some writers (safetensors) create 0600
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)

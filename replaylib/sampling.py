@@ -21,9 +21,27 @@ from .executor import make_executor
 from .grading import grade
 from .params import Params
 from .rundir import StageDir, atomic_save, atomic_write_json
+from .state import save_state
 
 log = logging.getLogger("replaylib")
 STAGE = "01_sampling"
+
+
+def trunk_row(t, kept=None, text=None, correct=None) -> dict:
+    """One trunk as a row of the trunk table (the sampling stage's trunks.parquet, the invariant stage's
+    and the benchmark's tables): its ids, tokens and raw top-k, with whichever of kept, text and
+    correct the caller has, in the table's column order."""
+    row = {"problem_id": t.problem_id, "rollout": t.rollout, "seed": t.seed}
+    if kept is not None:
+        row["kept"] = kept
+    row.update({"prompt_ids": t.prompt_ids, "gen_ids": t.gen_ids, "topk_ids": t.topk_ids,
+                "topk_logprobs": t.topk_logprobs})
+    if text is not None:
+        row["text"] = text
+    if correct is not None:
+        row["correct"] = correct
+    row.update({"finish_reason": t.finish_reason, "n_tokens": len(t.gen_ids)})
+    return row
 
 
 def screen_batches(params: Params, n_total: int):
@@ -112,14 +130,10 @@ def run(params: Params, out_dir=None) -> dict:
                     scanned.append({"problem_id": pid, "gold": problems[pid].gold, "trunk_accuracy": accuracy,
                                     "kept": keep, "prompt_tokens": len(got["prompt"])})
                     for t, ok, text in zip(got["trunks"], got["correct"], got["texts"]):
-                        rows.append({"problem_id": pid, "rollout": t.rollout, "seed": t.seed, "kept": keep,
-                                     "prompt_ids": t.prompt_ids, "gen_ids": t.gen_ids, "topk_ids": t.topk_ids,
-                                     "topk_logprobs": t.topk_logprobs, "text": text, "correct": ok,
-                                     "finish_reason": t.finish_reason, "n_tokens": len(t.gen_ids)})
+                        rows.append(trunk_row(t, kept=keep, text=text, correct=ok))
                     if keep:
                         accepted.append(pid)
-                        if state is not None:
-                            from .engine_hf import save_state
+                        if state is not None:  # the transformers engine's decode-time KV, for the replay stage
                             save_state(state[pid], stage.file(f"state/problem_{pid:05d}.safetensors"))
                             digests[str(pid)] = {str(r): d for r, d in state[pid].expected.items()}
         seconds["trunks"] = round(time.perf_counter() - started, 2)

@@ -2,7 +2,8 @@
 import torch
 
 from replaylib.engine import ARMS, PassSettings, PivotJob, continuation_seed, stable_seed, trunk_seed
-from replaylib.engine_hf import choose_tokens, load_state, position_uniform, raw_topk, save_state, state_digest
+from replaylib.engine_hf import choose_tokens, position_uniform, raw_topk
+from replaylib.state import load_state, save_state, state_digest
 
 QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have now?"
 INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -143,7 +144,7 @@ def test_each_exact_pass_checks_the_state_it_resumes(tiny_engine):
 def test_a_resumed_pass_depends_on_exactly_the_state_it_should(tiny_engine):
     """exact resumes positions [0, abs_pos) of the saved state; block16 only [0, abs_pos // 16 * 16)
     and prefills the rest; refeed uses none of it."""
-    from replaylib.engine_hf import ResidentState
+    from replaylib.state import ResidentState
     trunks, state = sample(tiny_engine, n=3, max_new=40)
     r = max(range(3), key=lambda r: len(trunks[r].gen_ids))
     i = next(i for i in range(len(trunks[r].gen_ids) - 2) if (len(trunks[r].prompt_ids) + i) % 16 >= 4)

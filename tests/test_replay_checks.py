@@ -81,7 +81,7 @@ def test_a_forged_saved_state_is_caught_by_the_digest_taken_at_sampling(sampled,
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from replaylib.engine_hf import state_digest
+    from replaylib.state import state_digest
     from replaylib.rundir import sha256_file
     out = tmp_path / "out"
     shutil.copytree(sampled, out)

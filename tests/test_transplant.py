@@ -110,7 +110,7 @@ def test_layer_profile(tiny_engine, trunks_state):
         assert r["max_abs_diff"] == max(r["max_abs_diff_prompt"], r["max_abs_diff_generated"], r["max_abs_diff_last"])
         assert (r["first_diff_pos"] == -1) == (r["max_abs_diff"] == 0)
     # a state against itself differs nowhere
-    from replaylib.engine_hf import ResidentState
+    from replaylib.state import ResidentState
     same = ResidentState.produced({j.rollout: tuple(t.clone() for t in tiny_engine.fresh_prefix_state(j))
                                    for j in jobs[:1]})
     assert all(r["max_abs_diff"] == 0 for r in tiny_engine.layer_profile(jobs[:1], same))

@@ -1,0 +1,65 @@
+"""Decode-time KV state on disk and in memory (the transformers engine's; vLLM keeps its own in its
+prefix cache): per problem, rollout -> (keys, values) [layers, kv_heads, length, head_dim], saved as
+safetensors with the sha256 of every rollout's tensors, taken when they were produced. Every resume
+checks the tensors it places against those digests, not against the file's own metadata.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+
+def state_digest(keys: torch.Tensor, values: torch.Tensor) -> str:
+    """sha256 of a rollout's decode-time KV (dtype and shape included), on whatever device it is."""
+    h = hashlib.sha256()
+    for t in (keys, values):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update((t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.uint8)).numpy().tobytes())
+    return h.hexdigest()
+
+
+class ResidentState(dict):
+    """rollout -> (keys, values) [layers, kv_heads, length, head_dim] on the engine's device, with the
+    digests taken when the state was produced (rollout -> sha256)."""
+
+    def __init__(self, kv: dict, expected: dict):
+        super().__init__(kv)
+        self.expected = {int(r): d for r, d in expected.items()}
+
+    @classmethod
+    def produced(cls, kv: dict) -> "ResidentState":
+        """A state just produced in this process: its digests are taken now."""
+        return cls(kv, {r: state_digest(k, v) for r, (k, v) in kv.items()})
+
+    def verify(self, rollout: int) -> bool:
+        """The tensors held now have the digest taken when they were produced."""
+        return rollout in self and rollout in self.expected and state_digest(*self[rollout]) == self.expected[rollout]
+
+
+def save_state(problem_state: dict, path: Path) -> dict:
+    """Write one problem's decode-time KV (rollout -> (keys, values)) to safetensors, with digests."""
+    from safetensors.torch import save_file
+    from .rundir import atomic_save
+    tensors, digests = {}, {}
+    for r, (k, v) in sorted(problem_state.items()):
+        tensors[f"r{r}.keys"], tensors[f"r{r}.values"] = k.contiguous().cpu(), v.contiguous().cpu()
+        digests[f"digest.r{r}"] = state_digest(k.cpu(), v.cpu())
+    atomic_save(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata=digests))
+    return digests
+
+
+def load_state(path: Path) -> tuple[dict, dict]:
+    """Read a problem's saved KV; returns (rollout -> (keys, values), rollout -> loaded bits match saved)."""
+    from safetensors import safe_open
+    state, verified = {}, {}
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        rollouts = sorted({int(name[1:].split(".")[0]) for name in f.keys()})
+        for r in rollouts:
+            k, v = f.get_tensor(f"r{r}.keys"), f.get_tensor(f"r{r}.values")
+            state[r] = (k, v)
+            verified[r] = meta.get(f"digest.r{r}") == state_digest(k, v)
+    return state, verified
