@@ -49,11 +49,12 @@ import yaml
 from . import params as params_mod
 from . import records as rec
 from . import stats
-from .params import EXECUTOR_KEYS, RUN_ORDER, Params, read_mapping
+from .params import EXECUTOR_KEYS, Params, read_mapping
+from .stages import CAMPAIGN, RUN_ORDER
 from .rundir import (REPO, atomic_write_bytes, atomic_write_json, changed_outputs, code_fingerprint, copy_stage,
                      figures_dir, out_root, sha256_file, tables_dir)
 
-NOTEBOOK = "06_campaign"
+NOTEBOOK = CAMPAIGN.name
 PAPER_RECORDS = REPO / "data" / "paper-records"
 TOP_KEYS = {"name", "note", "rows", "invariant", "figure1", "figure3", "bootstrap_draws", "concurrent_configs",
             *EXECUTOR_KEYS}

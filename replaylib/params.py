@@ -19,24 +19,8 @@ from pathlib import Path
 
 import yaml
 
-STAGES = ["01_sampling", "02_pivot_mining", "03_three_pass_replay", "04_statistics", "05_batch_invariant"]
-UPSTREAM = {
-    "01_sampling": [],
-    "02_pivot_mining": ["01_sampling"],
-    "03_three_pass_replay": ["01_sampling", "02_pivot_mining"],
-    "04_statistics": ["03_three_pass_replay", "05_batch_invariant"],
-    "05_batch_invariant": ["01_sampling", "02_pivot_mining", "03_three_pass_replay"],
-}
-# stages whose files a stage reads (05 reruns the passes itself; 04 on published records reads none)
-DATA_UPSTREAM = {
-    "01_sampling": [],
-    "02_pivot_mining": ["01_sampling"],
-    "03_three_pass_replay": ["01_sampling", "02_pivot_mining"],
-    "04_statistics": ["03_three_pass_replay", "05_batch_invariant"],
-    "05_batch_invariant": ["01_sampling"],
-}
-# the order stages run in: statistics summarise the batch-invariant confirmation too
-RUN_ORDER = ["01_sampling", "02_pivot_mining", "03_three_pass_replay", "05_batch_invariant", "04_statistics"]
+from .stages import DATA_UPSTREAM, EXECUTOR_STAGES, RUN_ORDER, STAGES, UPSTREAM  # noqa: F401 (re-exported)
+
 BOXED_INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 PAPER_INSTRUCTION = ("\n\nReason step by step. End your response with one final line in exactly this "
                      "format:\nAnswer: <number>")
@@ -56,7 +40,6 @@ TRANSPLANT_PASSES = ("xplant_refeed_kv", "xplant_decode_kv")
 # where a stage's units of work run: owned by no stage, so in no stage key (results never depend on it);
 # the stages that start engines declare them in their notebooks
 EXECUTOR_KEYS = ["executor", "ray_address", "ray_workers", "gpus_per_worker"]
-EXECUTOR_STAGES = ["01_sampling", "03_three_pass_replay", "05_batch_invariant"]
 
 
 def task_data_sha256(task: str) -> str:
@@ -394,14 +377,53 @@ def load(path: str | Path) -> Params:
     return make(data, where=str(path))
 
 
+def own_keys(stage: str) -> list[str]:
+    """The parameters a stage owns (its own key's, without its upstream stages')."""
+    return [f.name for f in dataclasses.fields(Params) if f.metadata["stage"] == stage]
+
+
 def notebook_keys(stage: str) -> list[str]:
-    """The parameters a stage's notebook declares: config, the executor's where it starts engines, its keys,
-    and the display-only ones."""
-    return (["config"] + (EXECUTOR_KEYS if stage in EXECUTOR_STAGES else [])
-            + [k for k in Params.keys_for(stage) if k != "config"] + Params.display_keys())
+    """The parameters a stage's notebook declares: config, where its engines run (the stages that start
+    engines), the stage's own keys, and the display-only ones. The upstream stages' values reach it in
+    one more parameter, ``upstream`` (the runner passes them; in Jupyter they come from the upstream
+    stages' params.json)."""
+    return (["config"] + (EXECUTOR_KEYS if stage in EXECUTOR_STAGES else []) + own_keys(stage)
+            + Params.display_keys())
+
+
+def upstream_values(config: str, stage: str, out_dir=None, reads_data: bool = True) -> dict:
+    """The parameters of a stage's upstream stages, as they ran: from each key-upstream stage's
+    params.json under runs/<config>/ (a stage that reads no upstream files, the statistics of the
+    published records, takes the defaults). A missing one is a one-line error naming the fix."""
+    from .rundir import out_root
+    values = {}
+    for up in UPSTREAM[stage]:
+        path = out_root(out_dir) / "runs" / config / up / "params.json"
+        try:
+            recorded = json.loads(path.read_text())["params"]
+        except (OSError, ValueError, KeyError):
+            if not reads_data:
+                continue
+            raise ValueError(f"notebook {stage}: needs the parameters {up} ran with, from {path}, which is missing "
+                             f"or unreadable; run {up} first (its notebook, or python -m replaylib.run "
+                             f"PARAMS.yaml {up})") from None
+        values.update({k: v for k, v in recorded.items() if k != "config"})
+    return values
 
 
 def from_notebook(namespace: dict, stage: str) -> Params:
-    """Params from a notebook's parameters cell: the declared names for this stage."""
+    """Params from a notebook's parameters cell (the stage's own and the declared names) and the upstream
+    stages' values (``upstream`` when the runner passed them, else their params.json)."""
     keys = notebook_keys(stage)
-    return make({k: namespace[k] for k in keys if k in namespace}, where=f"notebook {stage}", scope=keys)
+    own = {k: namespace[k] for k in keys if k in namespace}
+    upstream = dict(namespace.get("upstream") or {})
+    if not upstream and UPSTREAM[stage]:
+        probe = make(own, where=f"notebook {stage}", scope=keys)  # does this stage read upstream files?
+        upstream = upstream_values(probe.config, stage, namespace.get("out_dir") or None,
+                                   reads_data=bool(probe.data_upstream(stage)))
+    unknown = sorted(set(upstream) - set(Params.names()))
+    if unknown:
+        raise ValueError(f"notebook {stage}: upstream parameter '{unknown[0]}' is not a parameter of this "
+                         f"version of replaylib; rerun the upstream stages")
+    scope = keys + [k for k in Params.keys_for(stage) if k not in keys]
+    return make({**upstream, **own}, where=f"notebook {stage}", scope=scope)

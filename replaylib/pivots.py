@@ -14,8 +14,7 @@ from __future__ import annotations
 import pandas as pd
 
 from .params import Params
-from . import plotting
-from .rundir import StageDir, atomic_save, figures_dir, product_digests
+from .rundir import StageDir, atomic_save
 
 STAGE = "02_pivot_mining"
 
@@ -84,11 +83,7 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
                             for t in trunks.itertuples(index=False) for m in token_margins(t._asdict())])
     atomic_save(stage.file("pivots.parquet"), lambda tmp: pivots.to_parquet(tmp, index=False))
     atomic_save(stage.file("margins.parquet"), lambda tmp: margins.to_parquet(tmp, index=False))
-    fig, _ = plotting.margin_histogram(margins.margin, params.margin_threshold)
-    figure = plotting.save_figure(fig, "figS1_margins", figures_dir(params.config, out_dir),
-                                  plotting.margin_histogram_data(margins.margin, params.margin_threshold))
-    stage.finish(["pivots.parquet", "margins.parquet"], {"n_pivots": len(pivots),
-                                                         "products": product_digests(figure, out_dir)})
+    stage.finish(["pivots.parquet", "margins.parquet"], {"n_pivots": len(pivots)})
     return pivots
 
 

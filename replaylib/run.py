@@ -32,16 +32,10 @@ from unittest import mock
 from tqdm import tqdm
 
 from . import progress
-from .params import RUN_ORDER, STAGES, Params, load
+from .params import Params, load
+from .stages import ALIASES, RUN_ORDER, STAGES
 from .rundir import (LOCK_TOKEN_ENV, PARAMS_FILE_ENV, REPO, StageDir, StageLock, atomic_write_json, changed_outputs,
                      code_fingerprint, figures_dir, is_done, notebook_path, out_root, tables_dir)
-
-ALIASES = {"sampling": "01_sampling", "pivots": "02_pivot_mining", "pivot_mining": "02_pivot_mining",
-           "replay": "03_three_pass_replay", "statistics": "04_statistics", "stats": "04_statistics",
-           "invariant": "05_batch_invariant", "batch_invariant": "05_batch_invariant"}
-ALIASES.update({s[:2]: s for s in STAGES})
-ALIASES.update({str(int(s[:2])): s for s in STAGES})
-
 
 def notebook(stage: str) -> Path:
     return notebook_path(stage)
@@ -181,10 +175,11 @@ def execute(params: Params, stage: str, out_dir, fresh: bool = False, params_fil
     drawn on the terminal (stderr) as one tqdm line. fresh (--force, a named stage): recompute
     everything, reusing no partial result (after checking that its upstream stages can be read:
     a rerun that would be refused deletes nothing)."""
+    from .params import own_keys
     declared = declared_parameters(stage)
-    missing = [k for k in Params.keys_for(stage) if k not in declared]
-    if missing or "config" not in declared:
-        raise ValueError(f"{notebook(stage)}: parameters cell lacks {missing or ['config']}; "
+    missing = [k for k in ["config", "upstream", *own_keys(stage)] if k not in declared]
+    if missing:
+        raise ValueError(f"{notebook(stage)}: parameters cell lacks {missing}; "
                          f"declare them with their defaults")
     stage_dir = out_root(out_dir) / "runs" / params.config / stage
     stage_dir.mkdir(parents=True, exist_ok=True)
@@ -204,8 +199,12 @@ def execute(params: Params, stage: str, out_dir, fresh: bool = False, params_fil
 
 def _execute(params: Params, stage: str, out_dir, stage_dir: Path, env: dict, params_file) -> Path:
     import papermill
+    from .params import own_keys
     declared = declared_parameters(stage)
-    values = {**params.to_dict(), "out_dir": str(out_root(out_dir))}
+    values = {**params.to_dict(), "out_dir": str(out_root(out_dir)),
+              # the upstream stages' values, which the notebook does not declare one by one
+              "upstream": {k: getattr(params, k) for k in Params.keys_for(stage)
+                           if k != "config" and k not in own_keys(stage)}}
     parameters = {k: values[k] for k in declared if k in values}
     output = stage_dir / f"{stage}.ipynb"
     (stage_dir / progress.FILE).unlink(missing_ok=True)

@@ -29,7 +29,8 @@ from importlib import metadata
 from pathlib import Path
 
 from .data import sha256_file  # noqa: F401  (re-exported: stats and tests use rundir.sha256_file)
-from .params import RUN_ORDER, STAGES, Params
+from .params import Params
+from .stages import RUN_ORDER, STAGES
 from .progress import RUNNER_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -173,24 +174,36 @@ def _imported_modules(source: str) -> set[str]:
     return {m for m in found if (PACKAGE / f"{m}.py").exists()}
 
 
-def stage_modules(stage: str) -> list[str]:
-    """Every replaylib module a stage's notebook imports, directly or through other modules."""
+def _code_cells(stage: str) -> list[str]:
+    """The notebook's code cells that compute: all but the tagged parameters cell (its literals are the
+    parameters, which the stage key holds) and shell or magic lines; markdown is prose."""
     import nbformat
     nb = nbformat.read(notebook_path(stage), as_version=4)
-    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    todo, seen = _imported_modules("\n".join(line for line in code.splitlines()
-                                              if not line.lstrip().startswith(("%", "!")))) | {"__init__"}, set()
+    return ["\n".join(line for line in c.source.splitlines() if not line.lstrip().startswith(("%", "!")))
+            for c in nb.cells if c.cell_type == "code" and "parameters" not in c.metadata.get("tags", [])]
+
+
+def stage_modules(stage: str) -> list[str]:
+    """The replaylib modules that compute a stage's outputs: those its notebook's code imports, and
+    theirs, transitively, not through display modules (stages.DISPLAY_MODULES: worked examples, the
+    report site, progress lines, figures and tables) unless the stage's products are drawn by them."""
+    from .stages import DISPLAY_MODULES, stage as stage_entry
+    skip = set(DISPLAY_MODULES) - set(stage_entry(stage).computes_display)
+    todo, seen = (_imported_modules("\n".join(_code_cells(stage))) | {"__init__"}) - skip, set()
     while todo:
         mod = todo.pop()
         seen.add(mod)
-        todo |= _imported_modules((PACKAGE / f"{mod}.py").read_text()) - seen
+        todo |= _imported_modules((PACKAGE / f"{mod}.py").read_text()) - seen - skip
     return sorted(seen)
 
 
 def code_fingerprint(stage: str) -> str:
-    """Hash of a stage's notebook and of every library module it depends on."""
+    """Hash of what computes a stage's outputs: its notebook's code cells (not its prose, nor its
+    parameters cell) and the library modules they depend on (stage_modules)."""
     h = hashlib.sha256()
-    for path in [notebook_path(stage)] + [PACKAGE / f"{m}.py" for m in stage_modules(stage)]:
+    h.update(b"cells\0" + "\0".join(_code_cells(stage)).encode())
+    for m in stage_modules(stage):
+        path = PACKAGE / f"{m}.py"
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
 

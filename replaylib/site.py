@@ -22,7 +22,8 @@ from pathlib import Path
 import pandas as pd
 
 from . import examples
-from .params import RUN_ORDER, make
+from .params import make
+from .stages import RUN_ORDER
 from .rundir import figures_dir, out_root, tables_dir
 
 STYLE = """

@@ -113,3 +113,30 @@ def test_code_fingerprints_cover_every_module_a_stage_imports():
     assert {"sampling", "pivots"} <= set(stage_modules("02_pivot_mining"))
     assert {"sampling", "pivots", "replay", "engine_hf", "grading"} <= set(stage_modules("03_three_pass_replay"))
     assert {"replay", "records", "plotting"} <= set(stage_modules("04_statistics"))
+
+
+def test_a_stage_s_fingerprint_follows_its_computation_not_its_display(tmp_path, monkeypatch):
+    """Editing a worked example, the report site, a figure or a notebook's prose leaves the replay fresh;
+    editing its engine does not."""
+    import nbformat
+
+    from replaylib import rundir
+    shutil.copytree(REPO / "replaylib", tmp_path / "replaylib")
+    shutil.copytree(REPO / "notebooks", tmp_path / "notebooks")
+    monkeypatch.setattr(rundir, "REPO", tmp_path)
+    monkeypatch.setattr(rundir, "PACKAGE", tmp_path / "replaylib")
+    stage = "03_three_pass_replay"
+    before = rundir.code_fingerprint(stage)
+    assert not {"examples", "site", "plotting", "progress", "stats"} & set(rundir.stage_modules(stage))
+    for display in ("examples.py", "site.py", "plotting.py", "progress.py"):
+        with open(tmp_path / "replaylib" / display, "a") as f:
+            f.write("\n# a restyled display\n")
+    nb_path = tmp_path / "notebooks" / f"{stage}.ipynb"
+    nb = nbformat.read(str(nb_path), as_version=4)
+    next(c for c in nb.cells if c.cell_type == "markdown").source += "\n\nBetter prose."
+    nbformat.write(nb, str(nb_path))
+    assert rundir.code_fingerprint(stage) == before
+    with open(tmp_path / "replaylib" / "engine_hf.py", "a") as f:
+        f.write("\n# a changed engine\n")
+    assert rundir.code_fingerprint(stage) != before
+    assert "plotting" in rundir.stage_modules("04_statistics")  # the statistics stage draws its figures
