@@ -51,8 +51,8 @@ from . import records as rec
 from . import stats
 from .params import EXECUTOR_KEYS, Params, read_mapping
 from .stages import CAMPAIGN, RUN_ORDER
-from .rundir import (REPO, atomic_write_bytes, atomic_write_json, changed_outputs, code_fingerprint, copy_stage,
-                     figures_dir, out_root, sha256_file, tables_dir)
+from .rundir import (REPO, atomic_write_bytes, changed_outputs, code_fingerprint, copy_stage,
+                     figures_dir, out_root, sha256_file, tables_dir, write_finished)
 
 NOTEBOOK = CAMPAIGN.name
 PAPER_RECORDS = REPO / "data" / "paper-records"
@@ -336,9 +336,7 @@ def statistics(c: Campaign, out_dir=None) -> dict:
     manifest = {"campaign": c.label, "campaign_file": str(c.path), "campaign_sha256": sha256_file(c.path),
                 "code": code_fingerprint(NOTEBOOK), "inputs": inputs, "claims": claims,
                 "products": {p.resolve().relative_to(root).as_posix(): sha256_file(p) for p in sorted(set(products))}}
-    run_dir = root / "runs" / c.label
-    atomic_write_json(run_dir / "manifest.json", manifest)
-    atomic_write_bytes(run_dir / "DONE", (time.strftime("%Y-%m-%dT%H:%M:%S") + "\n").encode())
+    write_finished(root / "runs" / c.label, manifest)
     return manifest
 
 

@@ -315,68 +315,6 @@ def build_tiny_model(path: str | Path, seed: int = 0, num_layers: int = 2,
     return path
 
 
-# --------------------------------------------------------------------------- random-weight 7B (benchmark)
-
-# The config.json of Qwen/Qwen2.5-7B-Instruct (the paper's main model), value for value: the
-# benchmark builds the architecture from it on the GPU with random weights (vLLM's
-# load_format="dummy"), no download. Random weights cost exactly what real ones do.
-QWEN25_7B_INSTRUCT_CONFIG = {
-    "architectures": ["Qwen2ForCausalLM"],
-    "attention_dropout": 0.0,
-    "bos_token_id": 151643,
-    "eos_token_id": 151645,
-    "hidden_act": "silu",
-    "hidden_size": 3584,
-    "initializer_range": 0.02,
-    "intermediate_size": 18944,
-    "max_position_embeddings": 32768,
-    "max_window_layers": 28,
-    "model_type": "qwen2",
-    "num_attention_heads": 28,
-    "num_hidden_layers": 28,
-    "num_key_value_heads": 4,
-    "rms_norm_eps": 1e-06,
-    "rope_theta": 1000000.0,
-    "sliding_window": 131072,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-    "transformers_version": "4.43.1",
-    "use_cache": True,
-    "use_sliding_window": False,
-    "vocab_size": 152064,
-}
-# its generation_config.json's stop ids (<|im_end|>, <|endoftext|>)
-QWEN25_7B_INSTRUCT_EOS = [151645, 151643]
-
-
-def write_config_dir(path: str | Path, config: dict = QWEN25_7B_INSTRUCT_CONFIG,
-                     eos_token_id: list[int] = QWEN25_7B_INSTRUCT_EOS) -> Path:
-    """A model directory holding only config.json and generation_config.json (no weights, no
-    tokenizer): what vLLM needs with load_format="dummy" and skip_tokenizer_init=True."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (path / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": config.get("bos_token_id"), "eos_token_id": list(eos_token_id)}, indent=2) + "\n")
-    return path
-
-
-def weight_bytes_per_step(config: dict, itemsize: int = 2) -> int:
-    """Bytes of weights one decode step reads (every parameter once; the input embedding table is
-    a lookup, so it counts only when it is tied to the output layer), from a Qwen2 config."""
-    h, inter, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
-    heads, kv_heads, vocab = config["num_attention_heads"], config["num_key_value_heads"], config["vocab_size"]
-    head_dim = config.get("head_dim") or h // heads
-    q, kv = heads * head_dim, kv_heads * head_dim
-    per_layer = (h * q + q) + 2 * (h * kv + kv) + q * h + 3 * h * inter + 2 * h  # qkv (+bias), o, mlp, 2 norms
-    return itemsize * (layers * per_layer + h + vocab * h)  # final norm, output layer
-
-
-def kv_bytes_per_token(config: dict, itemsize: int = 2) -> int:
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * itemsize
-
-
 # --------------------------------------------------------------------------- resolve
 
 def resolve_model(spec: str) -> str:

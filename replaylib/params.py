@@ -12,14 +12,13 @@ import functools
 import hashlib
 import json
 import math
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from .stages import DATA_UPSTREAM, EXECUTOR_STAGES, RUN_ORDER, STAGES, UPSTREAM  # noqa: F401 (re-exported)
+from .stages import DATA_UPSTREAM, EXECUTOR_STAGES, STAGES, UPSTREAM
 
 BOXED_INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 PAPER_INSTRUCTION = ("\n\nReason step by step. End your response with one final line in exactly this "

@@ -493,11 +493,16 @@ class StageDir:
             "outputs": {rel: sha256_file(self.path / rel) for rel in sorted(outputs)},
             **(extra or {}),
         }
-        atomic_write_json(self.path / "manifest.json", manifest)
-        atomic_write_bytes(self.path / "DONE", (time.strftime("%Y-%m-%dT%H:%M:%S") + "\n").encode())
+        write_finished(self.path, manifest)
         if getattr(self, "lock", None) is not None:
             self.lock.release()
         return manifest
+
+
+def write_finished(path: Path, manifest: dict) -> None:
+    """A finished stage (or a campaign's statistics): the manifest, then DONE, written last."""
+    atomic_write_json(path / "manifest.json", manifest)
+    atomic_write_bytes(path / "DONE", (time.strftime("%Y-%m-%dT%H:%M:%S") + "\n").encode())
 
 
 def copy_stage(src: Path, dst: Path, dst_config: str, out_dir=None) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from replaylib import params, rundir
 from replaylib.params import STAGES
-from replaylib.run import main, plan
+from replaylib.run import plan
 
 REPO = Path(__file__).resolve().parents[1]
 

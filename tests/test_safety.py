@@ -360,7 +360,7 @@ def test_a_stopped_run_says_what_finished_and_how_to_resume(tmp_path, sig, code,
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == code, err[-2000:]
     assert "Traceback" not in err
-    assert f"stage 01_sampling STOPPED" in err and f"reason     {words}" in err
+    assert "stage 01_sampling STOPPED" in err and f"reason     {words}" in err
     assert f"resume     python -m replaylib.run {TINY} --out {tmp_path}" in err
 
 

@@ -16,7 +16,8 @@ import pandas as pd
 import pytest
 
 from replaylib import examples, progress
-from replaylib.params import RUN_ORDER, load
+from replaylib.params import load
+from replaylib.stages import RUN_ORDER
 from replaylib.run import StageLine, closing_summary, main
 
 REPO = Path(__file__).resolve().parents[1]
