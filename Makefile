@@ -3,6 +3,7 @@
 # make stage STAGE=03 CONFIG=embedded    rerun one stage (and whatever it needs)
 # make reproduce CONFIG=tiny             another params/<CONFIG>.yaml
 # make report CONFIG=embedded            the run's report site, site/<CONFIG>/index.html
+# make notebooks / make readme            parameters cells from the schema / the README's tables from their files
 # make campaign CAMPAIGN=paper           params/campaign-<CAMPAIGN>.yaml: its configurations, then its Table 1,
 #                                        Figures 1-3 and live-vs-published (ARGS="--executor ray" etc.)
 # Staleness is decided by replaylib.run from parameter hashes and code fingerprints,
@@ -16,7 +17,7 @@ CAMPAIGN ?= tiny
 ARGS   ?=
 PIP_FLAGS ?=
 
-.PHONY: reproduce report paper campaign test browser stage setup model notebooks lab verify clean
+.PHONY: reproduce report paper campaign test browser stage setup model notebooks readme lab verify clean
 
 reproduce: setup model
 	$(BIN)/python -m replaylib.run params/paper.yaml
@@ -61,6 +62,10 @@ model: setup
 
 notebooks: setup
 	$(BIN)/python tools/make_notebooks.py
+
+# the README's tables from the generated files (the paper's from the published records)
+readme: paper
+	$(BIN)/python tools/readme_tables.py
 
 lab: setup
 	$(BIN)/python -m pip install -q jupyterlab==4.6.6 ipywidgets==8.1.9

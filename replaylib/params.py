@@ -211,6 +211,13 @@ class Params:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def notebook_values(self, stage: str) -> dict:
+        """What a stage's notebook is given: its declared parameters, and in ``upstream`` the upstream
+        stages' values, which it does not declare one by one (the runner injects exactly these)."""
+        own = own_keys(stage)
+        return {**{k: getattr(self, k) for k in notebook_keys(stage)},
+                "upstream": {k: getattr(self, k) for k in self.keys_for(stage) if k != "config" and k not in own}}
+
 
 CONFIG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 

@@ -199,12 +199,8 @@ def execute(params: Params, stage: str, out_dir, fresh: bool = False, params_fil
 
 def _execute(params: Params, stage: str, out_dir, stage_dir: Path, env: dict, params_file) -> Path:
     import papermill
-    from .params import own_keys
     declared = declared_parameters(stage)
-    values = {**params.to_dict(), "out_dir": str(out_root(out_dir)),
-              # the upstream stages' values, which the notebook does not declare one by one
-              "upstream": {k: getattr(params, k) for k in Params.keys_for(stage)
-                           if k != "config" and k not in own_keys(stage)}}
+    values = {**params.to_dict(), **params.notebook_values(stage), "out_dir": str(out_root(out_dir))}
     parameters = {k: values[k] for k in declared if k in values}
     output = stage_dir / f"{stage}.ipynb"
     (stage_dir / progress.FILE).unlink(missing_ok=True)

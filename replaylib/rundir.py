@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .data import sha256_file  # noqa: F401  (re-exported: stats and tests use rundir.sha256_file)
 from .params import Params
-from .stages import RUN_ORDER, STAGES
+from .stages import RUN_ORDER, STAGES, stage as stage_entry
 from .progress import RUNNER_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -508,7 +508,8 @@ def write_finished(path: Path, manifest: dict) -> None:
 def copy_stage(src: Path, dst: Path, dst_config: str, out_dir=None) -> None:
     """Give another configuration a finished stage made with the same parameters and inputs: a copy
     of the stage directory whose params.json and manifest name the new configuration (manifest
-    ``copied_from``), with its products (figures, tables) copied under the new configuration's name.
+    ``copied_from``), with its products (figures, tables) and the figures its notebook drew copied
+    under the new configuration's name.
     The caller checks that the keys and inputs are the same; the copy appears whole or not at all."""
     root = out_root(out_dir)
     src_config = src.parent.name
@@ -526,6 +527,10 @@ def copy_stage(src: Path, dst: Path, dst_config: str, out_dir=None) -> None:
             (root / "/".join(parts)).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(root / rel, root / "/".join(parts))
         products["/".join(parts)] = digest
+    for name in stage_entry(src.name).figures:  # what the stage's notebook drew, as the copy's own
+        for f in (root / "figures" / src_config).glob(f"{name}.*"):
+            (root / "figures" / dst_config).mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, root / "figures" / dst_config / f.name)
     manifest.update({"config": dst_config, "copied_from": src.resolve().relative_to(root.resolve()).as_posix(),
                      **({"products": products} if products else {})})
     atomic_write_json(tmp / "manifest.json", manifest)

@@ -24,6 +24,7 @@ class Stage:
     engine: bool = False
     aliases: tuple = ()
     computes_display: tuple = ()  # display modules whose output is this stage's product (tables, figures)
+    figures: tuple = ()  # figures its notebook draws for display (figures/<config>/<name>.*), not products
 
 
 # modules that show results and compute none a stage's outputs depend on
@@ -32,7 +33,7 @@ DISPLAY_MODULES = ("examples", "site", "plotting", "progress", "tables")
 REGISTRY = (
     Stage("01_sampling", "sampling", "sampling trunks", engine=True, aliases=("sampling",)),
     Stage("02_pivot_mining", "pivots", "pivot mining", ("01_sampling",), ("01_sampling",),
-          aliases=("pivots", "pivot_mining")),
+          aliases=("pivots", "pivot_mining"), figures=("figS1_margins",)),
     Stage("03_three_pass_replay", "replay", "three-pass replay", ("01_sampling", "02_pivot_mining"),
           ("01_sampling", "02_pivot_mining"), engine=True, aliases=("replay",)),
     Stage("04_statistics", "statistics_stage", "statistics, tables and figures",

@@ -1,4 +1,6 @@
 """Parameters: validation with one-line errors, YAML files, per-stage keys."""
+import json
+
 import pytest
 import yaml
 
@@ -72,10 +74,22 @@ def test_a_change_invalidates_its_stage_and_downstream_only():
     assert params.make({"config": "other"}).stage_key("03_three_pass_replay") == base.stage_key("03_three_pass_replay")
 
 
-def test_from_notebook_reads_declared_names_only():
-    ns = {"config": "c", "k": 8, "unrelated": 1, "margin_threshold": 0.5}
+def test_from_notebook_reads_declared_names_only(tmp_path):
+    """A notebook's own keys come from its parameters cell, the upstream stages' from ``upstream`` (or
+    their params.json): an undeclared name in the namespace is not read."""
+    ns = {"config": "c", "k": 8, "unrelated": 1, "margin_threshold": 0.9, "upstream": {"margin_threshold": 0.5}}
     p = params.from_notebook(ns, "03_three_pass_replay")
     assert (p.config, p.k, p.margin_threshold) == ("c", 8, 0.5)
+    # in Jupyter, without ``upstream``: the upstream stages' params.json, or a one-line error naming the fix
+    ns = {"config": "c", "k": 8, "margin_threshold": 0.9, "out_dir": str(tmp_path)}
+    with pytest.raises(ValueError, match="run 01_sampling first"):
+        params.from_notebook(ns, "03_three_pass_replay")
+    for stage, values in (("01_sampling", {"temperature": 0.5}), ("02_pivot_mining", {"margin_threshold": 0.25})):
+        d = tmp_path / "runs" / "c" / stage
+        d.mkdir(parents=True)
+        (d / "params.json").write_text(json.dumps({"config": "c", "params": values}))
+    p = params.from_notebook(ns, "03_three_pass_replay")
+    assert (p.k, p.margin_threshold, p.temperature) == (8, 0.25, 0.5)
 
 
 def test_block16_with_the_vllm_engine_is_refused_when_the_params_are_read():

@@ -1,18 +1,21 @@
-"""Compare two output roots stage by stage: python compare_roots.py ROOT_A ROOT_B [CONFIG ...]
+"""Compare two output roots stage by stage: python tools/compare_runs.py ROOT_A ROOT_B [CONFIG ...]
 
 Every data file of every stage present under both roots' runs/<config>/<stage>/ (not the
 executed notebooks, logs, manifests, engine descriptions, runner and progress files, which name
 times and places) is
 compared: equal bytes, else (Parquet) equal frames, else the columns that differ and in how many
-rows. Prints one line per file and a last line `identical=<n>/<m>`.
+rows. Prints one line per file and a last line `identical=<n>/<m>`; exits 1 unless every file compared is
+identical. Use it to hold a rerun, another executor or another machine against a run (decode-time states are
+compared tensor for tensor: their safetensors headers list the digests in no fixed order).
 """
+import argparse
 import hashlib
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-SKIP_SUFFIXES = {".ipynb", ".log"}
+SKIP_SUFFIXES = {".ipynb", ".log", ".lock"}
 SKIP_NAMES = {"manifest.json", "engine.json", "resume.json", "DONE", "run.log", "runner.json", "progress.json"}
 
 
@@ -23,6 +26,12 @@ def digest(path: Path) -> str:
 def compare_file(a: Path, b: Path) -> str:
     if digest(a) == digest(b):
         return "identical (bytes)"
+    if a.suffix == ".safetensors":  # the header's digests come in no fixed order: compare what they hold
+        from safetensors import safe_open
+        with safe_open(str(a), "pt") as x, safe_open(str(b), "pt") as y:
+            same = (x.metadata() == y.metadata() and sorted(x.keys()) == sorted(y.keys())
+                    and all(x.get_tensor(k).equal(y.get_tensor(k)) for k in x.keys()))
+        return "identical (tensors and digests)" if same else "DIFFERENT (tensors)"
     if a.suffix != ".parquet":
         return "DIFFERENT (bytes)"
     fa, fb = pd.read_parquet(a), pd.read_parquet(b)
@@ -58,4 +67,9 @@ def main(a: str, b: str, configs: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2], sys.argv[3:]))
+    ap = argparse.ArgumentParser(prog="python tools/compare_runs.py", description=__doc__.splitlines()[0])
+    ap.add_argument("root_a", help="an output root (holding runs/)")
+    ap.add_argument("root_b", help="another output root")
+    ap.add_argument("configs", nargs="*", help="configurations to compare (default: every one under both)")
+    args = ap.parse_args()
+    sys.exit(main(args.root_a, args.root_b, args.configs))
