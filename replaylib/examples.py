@@ -25,17 +25,71 @@ def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def headline_sentence(main: dict) -> str:
-    """One sentence from a stats.summarize() dict (summary.json's "main")."""
+def _sign_sentence(main: dict) -> str:
     c, t = main["common"], main["clustered"]["t"]
-    if not c["n"]:
-        return (f"No pivot was eligible: A was 0 in every pass at all {main['n_records']} pivots, so re-feeding "
-                f"had no sign to change (the common set is empty).")
     tail = (f"clustered t = {t:.2f} over {main['clustered']['n_problems']} problems" if t is not None else
             f"the clustered t is undefined ({main['clustered']['n_problems']} problems with a common pivot)")
     return (f"Re-feed changed the sign of A at {_pct(c['refeed']['rate'])} of the {c['n']} eligible pivots "
             f"({c['refeed']['flips']}/{c['n']}), {main['excess_pp']:+.1f} pp above the replica floor of "
             f"{_pct(c['floor']['rate'])}; {tail}.")
+
+
+def _need_sentence(main: dict) -> str:
+    sp, n = main["sign_power"], main["common"]["n"]
+    need = ((f"about {sp['needed_pivots']} common pivots ({sp['needed_problems']} problems at this run's "
+             f"{sp['per_problem']} per problem)")
+            if sp["needed_pivots"] else
+            "common pivots in 2 problems or more before a clustered t exists"
+            if sp["per_problem"] is None else
+            f"more than {sp['searched_problems'] * sp['per_problem']} common pivots at {sp['per_problem']} per problem")
+    return (f"Sign statistics need {need}; this run has {n} (re-feed changed the sign at "
+            f"{main['common']['refeed']['flips']}, the replica at {main['common']['floor']['flips']}).")
+
+
+def headline_channel(main: dict) -> str:
+    """Which channel the headline leads with: "empty" (no pivot), "identical" (all passes agreed bit for
+    bit on the probes and continuations), "sign" (the sign statistics have power, or the records carry
+    no grading-free channel, as the published ones), or "contrast" (the probe and continuation contrast)."""
+    if not main["n_records"]:
+        return "empty"
+    contrast = main.get("contrast") or {}
+    probe, cont = contrast.get("probe"), contrast.get("continuations")
+    if probe and cont and all(x["refeed_exact"] == x["replica_exact"] == x["n"] for x in (probe, cont)):
+        return "identical"
+    if probe is None or "sign_power" not in main or main["sign_power"]["powered"]:
+        return "sign"
+    return "contrast"
+
+
+def headline_sentence(main: dict) -> str:
+    """The strongest claim a stats.summarize() dict (summary.json's "main") supports: the sign
+    disagreement where its statistics have power, else the grading-free contrast of re-feed against the
+    replica (greedy probes and continuations, paired bit-exactness, exact McNemar p), with the size the
+    sign statistics would need."""
+    channel = headline_channel(main)
+    n = main["n_records"]
+    if channel == "empty":
+        return "No pivot to measure: the replay produced no record."
+    if channel == "identical":
+        return (f"All three passes agreed bit for bit at all {n} pivots (greedy probes and continuations): "
+                f"re-feeding changed nothing here, as with batch-invariant kernels.")
+    if channel == "sign":
+        if not main["common"]["n"]:
+            return (f"No pivot was eligible: A was 0 in every pass at all {n} pivots, so re-feeding "
+                    f"had no sign to change (the common set is empty).")
+        return _sign_sentence(main)
+    probe, cont = main["contrast"]["probe"], main["contrast"]["continuations"]
+    conts = (f"; the continuations reproduced exact1's at {cont['replica_exact']}/{cont['n']} replica and "
+             f"{cont['refeed_exact']}/{cont['n']} re-fed pivots (p = {cont['p']:.2g})" if cont else "")
+    return (f"Re-feeding did not replay the decode-time pass where a replica did: the greedy probe was bit-exact "
+            f"at {probe['replica_exact']}/{probe['n']} replica pivots and {probe['refeed_exact']}/{probe['n']} "
+            f"re-fed ones (exact McNemar p = {probe['p']:.2g}){conts}. " + _need_sentence(main))
+
+
+def claims_table(config: str, out_dir=None) -> pd.DataFrame | None:
+    """The paper's claims judged on this run's records (tables/<config>/tab21_claims.csv), or None."""
+    path = tables_dir(config, out_dir) / "tab21_claims.csv"
+    return pd.read_csv(path, dtype=str, keep_default_na=False) if path.exists() else None
 
 
 def summary_json(config: str, out_dir=None) -> dict:
@@ -103,7 +157,14 @@ def headline_block(config: str, out_dir=None) -> list[str]:
     if paper_row(out_dir) is None:
         lines.append("           (the paper's row: python -m replaylib.run params/paper.yaml recomputes it from "
                      "the published records)")
-    lines.append("headline   " + headline_sentence(summary_json(config, out_dir)["main"]))
+    summary = summary_json(config, out_dir)
+    lines.append("headline   " + headline_sentence(summary["main"]))
+    for i, x in enumerate(summary.get("claims", [])):
+        # a refutation says what refutes it (which row, the number and why)
+        why = "; ".join(f"{label}: {r['value']}" + (f", {r['why']}" if r["why"] else "")
+                        for label, r in x["rows"].items() if r["verdict"] == "does not hold")
+        lines.append(("claims     " if i == 0 else " " * 11) + f"{x['verdict']:<14} {x['claim']}" +
+                     (f" ({why})" if why else ""))
     exact = exactness_sentence(config, out_dir)
     if exact:
         lines.append("exactness  " + exact)

@@ -115,14 +115,14 @@ class Params:
     margin_threshold: float = _p("02_pivot_mining", 1.0, "pivot if top1 - top2 logprob < this", lo=0)
     block_size: int = _p("02_pivot_mining", 1, "1: any token (exact resume anywhere); 16: the paper's paged-cache filter", lo=1)
     boundary_slack: int = _p("02_pivot_mining", 2, "with block_size above 1, abs_pos mod block_size must be at most this", lo=0)
-    max_pivots_per_rollout: int = _p("02_pivot_mining", 1, "earliest pivots first", lo=1)
+    max_pivots_per_rollout: int = _p("02_pivot_mining", 3, "earliest pivots first", lo=1)
     min_rollout_tokens: int = _p("02_pivot_mining", 16, "rollouts shorter than this are skipped", lo=1)
     pivot_window: int = _p("02_pivot_mining", 64, "only pivots among the last N generated tokens (0: anywhere)", lo=0)
     # --- 03 three-pass replay
     k: int = _p("03_three_pass_replay", 4, "sampled continuations per arm", lo=1)
     cont_temperature: float = _p("03_three_pass_replay", 0.7, "continuation temperature (0 for greedy)", lo=0)
     cont_top_p: float = _p("03_three_pass_replay", 0.95, "continuation nucleus sampling", above=0, hi=1)
-    max_cont_tokens: int = _p("03_three_pass_replay", 64, "continuation length limit", lo=1)
+    max_cont_tokens: int = _p("03_three_pass_replay", 32, "continuation length limit", lo=1)
     probe_tokens: int = _p("03_three_pass_replay", 32, "greedy probe length", lo=1)
     stop_at_answer: bool = _p("03_three_pass_replay", True, "stop a continuation once its final answer is complete")
     passes: list = _l("03_three_pass_replay", ["exact1", "exact2", "refeed"],

@@ -123,6 +123,10 @@ def build(config: str, out_dir=None, example_pivot: int | None = None) -> Path:
                          "recomputed: <code>python -m replaylib.run params/paper.yaml</code>.</p>")
         parts.append(table_html(examples.table1_beside_paper(config, root), classes="table1"))
         parts.append(f"<p>Batch-invariant: {html.escape(examples.invariant_verdict(config, root))}</p>")
+        claims = examples.claims_table(config, root)
+        if claims is not None:
+            parts.append("<h2>The paper's claims, on this run's records</h2>")
+            parts.append(table_html(claims, classes="claims"))
     parts += worked_examples(P, root, runs, done, example_pivot)
 
     figs = sorted(figures_dir(config, root).glob("*.png"))

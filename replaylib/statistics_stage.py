@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from replaylib import plotting, records as rec, replay, stats, tables
+from replaylib import claims, plotting, records as rec, replay, stats, tables
 from replaylib.rundir import REPO, StageDir, atomic_write_json, figures_dir, product_digests, tables_dir
 
 STAGE = "04_statistics"
@@ -98,6 +98,23 @@ def transplant_tables(inputs: dict) -> dict:
     return out
 
 
+def run_claims(inputs: dict) -> list[dict]:
+    """The paper's claims judged on this run's rows (replaylib.claims): the batch-invariant row for the
+    identity, every other row for the rest; records not verified exact left out."""
+    stock = {label: stats.exclude_not_exact(df)[0] for label, df in inputs["rows"].items()
+             if df is not inputs["invariant"]}
+    invariant = {label: stats.exclude_not_exact(df)[0] for label, df in inputs["rows"].items()
+                 if df is inputs["invariant"]}
+    return claims.judge(stock, invariant)
+
+
+def main_summary(df: pd.DataFrame) -> dict:
+    """summary.json's "main": every statistic of the main records, and whether the sign statistics
+    have power at this size (the headline's choice of channel reads it)."""
+    return {**stats.summarize(df), **stats.text_numbers(df),
+            "sign_power": claims.sign_power(stats.exclude_not_exact(df)[0])}
+
+
 def _records(df: pd.DataFrame) -> list:
     """Rows as dicts with None, not NaN, where a value is missing (strict JSON)."""
     return df.astype(object).where(df.notna(), None).to_dict("records")
@@ -116,7 +133,8 @@ def summary(inputs: dict, n_boot: int) -> dict:
                       "aggregate_reproduced": None if agg is None else pre == agg,
                       "per_problem": r.get("per_problem"), "elapsed_seconds": r.get("elapsed_seconds")}
     return {
-        "main": {**stats.summarize(main), **stats.text_numbers(main)},
+        "main": main_summary(main),
+        "claims": inputs["claims"],
         "extras": stats.extras(main, seed=0, n_boot=n_boot),
         "resume_exactness": stats.resume_exactness(main),
         "passes": stats.pass_comparisons(main).to_dict("records"),
@@ -144,6 +162,8 @@ def run(params, out_dir=None) -> dict:
                                    runs=inputs["runs"], cohorts=inputs["cohorts"])
     for name, df in transplant_tables(inputs).items():
         products += tables.write_table(df, name, tdir)
+    inputs["claims"] = run_claims(inputs)
+    products += tables.write_table(tables.table_claims(inputs["claims"]), "tab21_claims", tdir)
     for name, ((fig, _), data) in figures(inputs).items():
         products += plotting.save_figure(fig, name, fdir, data)
     result = summary(inputs, params.bootstrap_draws)

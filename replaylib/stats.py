@@ -417,6 +417,41 @@ def probes(df: pd.DataFrame) -> dict | None:
     return {"n": len(sub), "refeed": _probe_side(sub, "refeed"), "replica": _probe_side(sub, "exact2")}
 
 
+def sign_test_p(k: int, n: int) -> float:
+    """P(X >= k) for X ~ Binomial(n, 1/2): the one-sided exact sign test (McNemar's exact test on the
+    n discordant pairs, k of them one way)."""
+    return sum(math.comb(n, i) for i in range(k, n + 1)) / 2 ** n
+
+
+def _paired_exactness(refeed_same: np.ndarray, replica_same: np.ndarray) -> dict:
+    """Paired bit-exactness of re-feed and the replica against exact1 on the same pivots: the counts,
+    the discordant pairs (b: only the replica reproduced exact1; c: only re-feed did) and the one-sided
+    exact McNemar p of 'the replica reproduces exact1 more often than re-feed'."""
+    b = int(np.sum(replica_same & ~refeed_same))
+    c = int(np.sum(refeed_same & ~replica_same))
+    return {"n": int(len(refeed_same)), "refeed_exact": int(refeed_same.sum()), "replica_exact": int(replica_same.sum()),
+            "b": b, "c": c, "p": sign_test_p(b, b + c) if b + c else 1.0}
+
+
+def probe_contrast(df: pd.DataFrame) -> dict:
+    """The grading-free contrast, over every pivot carrying the channel (not only the common set, since
+    it needs no non-zero A): per pivot, whether the greedy probe (tokens and first-token logprobs, both
+    arms) and the K continuations of both arms reproduced exact1's bit for bit, re-feed against the
+    replica. None for a channel the records lack (published records keep no continuation tokens)."""
+    out = {"probe": None, "continuations": None}
+    sub = df.loc[_present(df, PROBE_FIELDS)]
+    if len(sub):
+        same = {p: (~sub[f"greedy_divergence_{p}"].astype(bool)
+                    & (sub[f"greedy_first_logprob_delta_{p}"].astype(float) == 0)).to_numpy()
+                for p in ("refeed", "exact2")}
+        out["probe"] = _paired_exactness(same["refeed"], same["exact2"])
+    cont = df.loc[_present(df, ("cont_diff_refeed", "cont_diff_exact2"))]
+    if len(cont):
+        out["continuations"] = _paired_exactness((cont["cont_diff_refeed"] == 0).to_numpy(),
+                                                 (cont["cont_diff_exact2"] == 0).to_numpy())
+    return out
+
+
 def cache(df: pd.DataFrame) -> dict | None:
     """Cache instrumentation (sec. 3.3, 4.5): share of records whose exact1 /
     exact2 resume was verified (num_cached_tokens at least the block-aligned prefix); None
@@ -506,6 +541,7 @@ def summarize(df: pd.DataFrame, exclude_flagged: bool = True) -> dict:
         "jaccard": {str(t): jaccard(df, t) for t in JACCARD_THRESHOLDS},
         "margin": margin_buckets(df),
         "probes": probes(df),
+        "contrast": probe_contrast(df),
         "cache": cache_,
     }
     if excluded is not None:

@@ -385,6 +385,13 @@ def table_transplant(main) -> pd.DataFrame:
         "probe = refeed": [_pct(x) for x in t["probe_equal_refeed"]]})
 
 
+def table_claims(judged: list[dict]) -> pd.DataFrame:
+    """[ours] tab21_claims: the paper's claims judged on the run's records (``claims.judge``): the
+    verdict over rows and, per verdict, the rows with their n and number."""
+    return pd.DataFrame([{"claim": x["claim"], "verdict": x["verdict"], "detail": x["detail"]} for x in judged],
+                        columns=["claim", "verdict", "detail"])
+
+
 TABLES = {
     "tab1_main": table1,
     "tab2_jaccard": table_jaccard,

@@ -13,6 +13,7 @@ import torch
 import yaml
 
 from replaylib import campaign, params
+from replaylib.claims import CLAIMS
 from replaylib.params import STAGES
 from replaylib.rundir import sha256_file
 
@@ -89,8 +90,8 @@ def test_campaign_writes_its_items_and_records_them(runs):
     md = (tdir / "live_vs_published.md").read_text()
     assert "mean nothing" in md  # the tiny campaign says its verdicts mean nothing
     verdicts = [line for line in md.splitlines() if line.startswith("- ")]
-    assert len(verdicts) == 6 and all(any(v in line for v in ("**holds**", "**does not hold**", "**underpowered**",
-                                                              "**not measured**")) for line in verdicts)
+    marks = ("**holds**", "**does not hold**", "**underpowered**", "**not measured**")
+    assert len(verdicts) == len(CLAIMS) and all(any(v in line for v in marks) for line in verdicts)
     # the tiny model is deterministic on CPU: its batch-invariant row is identical on every channel
     assert "batch-invariant rows: all passes identical on every channel: **holds**" in md
     manifest = json.loads((out / "runs" / "campaign-tiny" / "manifest.json").read_text())
@@ -225,7 +226,7 @@ def test_published_records_as_live_rows_reproduce_the_claims():
                           invariant=campaign.Row(labels[-1], [], labels[-1]), figure1=labels[0], figure3=[],
                           configs={}, sources={}, bootstrap_draws=40, concurrent_configs=0)
     claims = campaign.verdicts(c, rows)
-    assert [x["verdict"] for x in claims] == ["holds"] * 6, claims
+    assert [x["verdict"] for x in claims] == ["holds"] * len(CLAIMS), claims
     table = campaign.compare(c, rows, n_boot=40)
     assert (table.published.fillna(-1) == table.live.fillna(-1)).all()
     measured = table[table.row != "batch-invariant"]
@@ -300,8 +301,7 @@ def test_a_ray_actor_rebuilds_a_vllm_stage_params():
     from replaylib.executor import actor_params
     p = params.load(REPO / "params" / "gpu-embedded.yaml")
     for stage in params.STAGES:
-        keys = params.notebook_keys(stage)
-        got = params.from_notebook({k: getattr(p, k) for k in keys}, stage)
+        got = params.from_notebook(p.notebook_values(stage), stage)
         assert actor_params(got.to_dict()) == got
 
 
@@ -379,3 +379,31 @@ def test_more_than_one_gpu_per_engine_is_refused_in_one_line():
         params.make({"executor": "ray", "gpus_per_worker": 2})
     assert "\n" not in str(e.value)
     assert campaign.main([str(TINY), "--gpus-per-worker", "2", "--dry-run"]) == 2
+
+
+def test_a_campaign_cut_off_by_the_end_of_a_lease_resumes_from_what_came_back(runs, tmp_path, capsys):
+    """A lease ends while one configuration's replay runs: what came back is every finished stage
+    (a vLLM stage keeps no KV state on disk) in another directory on another machine. Rerun there,
+    the campaign computes only the missing stage and its statistics, keeps every finished stage as
+    it came back, and ends with what an uninterrupted campaign wrote, byte for byte."""
+    done, back = runs["local"], tmp_path / "back"
+    cut = Path("runs") / "tiny-seed1" / "03_three_pass_replay"
+    unfinished = {cut, Path("runs") / "campaign-tiny", Path("tables") / "campaign-tiny",
+                  Path("figures") / "campaign-tiny", Path("site")}
+    shutil.copytree(done, back, ignore=lambda d, names: [n for n in names
+                                                         if (Path(d) / n).relative_to(done) in unfinished])
+    kept = {p: p.read_bytes() for p in back.glob("runs/*/*/manifest.json")}
+    assert kept and not (back / cut).exists()
+    capsys.readouterr()
+    assert campaign.main([str(TINY), "--out", str(back), "--dry-run"]) == 0
+    plan = [line for line in capsys.readouterr().out.splitlines() if "would" in line]
+    assert plan == ["[campaign] campaign-tiny: tiny-seed1 03_three_pass_replay: would run (not run yet)",
+                    "[campaign] campaign-tiny: statistics: would run (configurations rerun)"], plan
+    assert campaign.main([str(TINY), "--out", str(back)]) == 0
+    assert {p: p.read_bytes() for p in kept} == kept  # the finished stages were not rerun
+    ran, whole = _data_files(back), _data_files(done)
+    assert set(ran) == set(whole)
+    assert [rel for rel in whole if rel.rsplit("/", 1)[-1] != "engine.json" and not _same_data(ran[rel], whole[rel])] == []
+    for name in ("tab1_main.csv", "live_vs_published.csv"):
+        assert (back / "tables" / "campaign-tiny" / name).read_bytes() == \
+            (done / "tables" / "campaign-tiny" / name).read_bytes(), name

@@ -4,6 +4,7 @@ One module fixture runs the real command line into a temporary directory: the pa
 (stage 04 on the published records, for the paper's row), then params/tiny.yaml with --html.
 """
 import io
+import html
 import json
 import os
 import re
@@ -117,6 +118,10 @@ def test_the_closing_summary_reads_its_numbers_from_the_statistics_files(tiny_ru
                                floor={**s["main"]["common"]["floor"], "rate": 1 / 7, "flips": 1})
     s["main"]["excess_pp"] = 100 * 2 / 7
     s["main"]["clustered"].update(t=2.5, n_problems=2)
+    s["main"]["sign_power"].update(powered=True)  # the headline leads with the sign statistics once powered
+    for channel in s["main"]["contrast"].values():  # (and once re-feed's probes are not all bit-exact)
+        if channel:
+            channel.update(refeed_exact=channel["n"] - 1, b=1)
     (copy / "runs" / "tiny" / "04_statistics" / "summary.json").write_text(json.dumps(s))
     changed = closing_summary(load(REPO / "params" / "tiny.yaml"), copy, [], None)
     assert re.search(r"paper: main pooled\s+4321", changed)
@@ -156,6 +161,10 @@ def test_the_report_site_needs_no_network(tiny_run):
     for name in ("fig1_quadrants", "fig2_configs", "fig3_logprob_ecdf", "figS1_margins"):
         assert f'src="figures/{name}.png"' in index and (site / "figures" / f"{name}.png").exists()
     assert "paper: main pooled" in index and "One pivot through the passes" in index
+    # the paper's claims, judged on this run's records, as tab21_claims holds them
+    claims = pd.read_csv(out / "tables" / "tiny" / "tab21_claims.csv", dtype=str, keep_default_na=False)
+    assert "The paper's claims, on this run's records" in index and len(claims) > 5
+    assert all(f"<td>{html.escape(c, quote=False)}</td>" in index for c in claims.claim)
 
 
 def chromium() -> str:

@@ -79,7 +79,7 @@ def test_main_pooled_probes_and_cache(main_summary):
 def test_summary_keys_exact(main_summary):
     assert list(main_summary) == [
         "n_records", "n_problems", "common", "exact1_conditioned", "excess_pp", "excess_pp_exact1",
-        "eligibility", "bias", "mcnemar", "clustered", "jaccard", "margin", "probes", "cache",
+        "eligibility", "bias", "mcnemar", "clustered", "jaccard", "margin", "probes", "contrast", "cache",
     ]
     json.dumps(main_summary, allow_nan=False)
 
