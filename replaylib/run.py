@@ -214,8 +214,9 @@ def _execute(params: Params, stage: str, out_dir, stage_dir: Path, env: dict, pa
         follower = threading.Thread(target=line.follow, args=(stop,), daemon=True)
         follower.start()
         try:
-            papermill.execute_notebook(str(notebook(stage)), str(output), parameters=parameters, cwd=str(REPO),
-                                       kernel_name="python3", progress_bar=False, log_output=False)
+            off_the_main_thread(lambda: papermill.execute_notebook(
+                str(notebook(stage)), str(output), parameters=parameters, cwd=str(REPO), kernel_name="python3",
+                progress_bar=False, log_output=False))
             failed = False
         finally:
             stop.set()
@@ -226,6 +227,51 @@ def _execute(params: Params, stage: str, out_dir, stage_dir: Path, env: dict, pa
     atomic_write_json(stage_dir / "runner.json", {"seconds": round(time.time() - start, 1),
                                                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
     return output
+
+
+def off_the_main_thread(execute) -> None:
+    """Run a notebook's execution in a worker thread while the main thread waits, so that Ctrl-C and
+    SIGTERM reach the runner at any moment of a stage. (On the main thread nbclient installs signal
+    handlers of its own while it starts the kernel, and a signal arriving then was consumed: the stage
+    ran on to the end.) On either signal the stage's kernel and what it started are stopped before the
+    interruption goes on to the stop summary."""
+    outcome = {}
+
+    def work():
+        try:
+            execute()
+        except BaseException as e:  # handed to the main thread, which raises it
+            outcome["error"] = e
+
+    worker = threading.Thread(target=work, name="notebook", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.2)
+    except BaseException:
+        stop_child_processes()
+        worker.join(30)
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+
+
+def stop_child_processes(grace_s: float = 5.0) -> None:
+    """Terminate this process's children (the stage's kernel and whatever it started), then kill
+    those still there after ``grace_s``."""
+    import psutil
+    children = psutil.Process().children(recursive=True)
+    for proc in children:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(children, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
 
 
 def stop_leftover_engines() -> None:

@@ -21,6 +21,7 @@ KEYS = {
     "jaccard": {"0.5", "0.75"},
     "margin": {"split", "lt", "ge"},
     "probes": {"n", "refeed", "replica"},
+    "contrast": {"probe", "continuations"},
     "cache": {"n", "exact1_ok_rate", "exact2_ok_rate"},
 }
 RATE_KEYS = {"flips", "rate", "zero_crossings", "polarity", "polarity_rate"}
