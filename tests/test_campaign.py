@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from replaylib import campaign, params
+from replaylib import campaign, live_vs_published, params
 from replaylib.claims import CLAIMS
 from replaylib.params import STAGES
 from replaylib.rundir import sha256_file
@@ -81,11 +81,11 @@ def test_campaign_writes_its_items_and_records_them(runs):
     for name in ("fig1_quadrants", "fig2_configs", "fig3_logprob_ecdf"):
         assert all((fdir / f"{name}.{ext}").exists() for ext in ("pdf", "png", "csv"))
     table = pd.read_csv(tdir / "live_vs_published.csv")
-    assert len(table) == 4 * len(campaign.QUANTITIES)
+    assert len(table) == 4 * len(live_vs_published.QUANTITIES)
     # the published values are computed from data/paper-records, never typed
     main = table[(table.row == "main pooled") & (table.quantity == "n (common)")]
     from replaylib import records
-    published = campaign.quantities(records.load_paper_row("main pooled", campaign.PAPER_RECORDS))
+    published = live_vs_published.quantities(records.load_paper_row("main pooled", live_vs_published.PAPER_RECORDS))
     assert main.published.iloc[0] == published["n (common)"] == 636
     md = (tdir / "live_vs_published.md").read_text()
     assert "mean nothing" in md  # the tiny campaign says its verdicts mean nothing
@@ -221,28 +221,28 @@ def test_published_records_as_live_rows_reproduce_the_claims():
     as the live ones. Every claim holds, and every published value lies in its interval."""
     from replaylib import records
     labels = list(records.PAPER_ROWS)
-    rows = {label: records.load_paper_row(label, campaign.PAPER_RECORDS) for label in labels}
+    rows = {label: records.load_paper_row(label, live_vs_published.PAPER_RECORDS) for label in labels}
     c = campaign.Campaign(name="published", path=TINY, note="", rows=[campaign.Row(l, [], l) for l in labels[:-1]],
                           invariant=campaign.Row(labels[-1], [], labels[-1]), figure1=labels[0], figure3=[],
                           configs={}, sources={}, bootstrap_draws=40, concurrent_configs=0)
-    claims = campaign.verdicts(c, rows)
+    claims = live_vs_published.verdicts(c, rows)
     assert [x["verdict"] for x in claims] == ["holds"] * len(CLAIMS), claims
-    table = campaign.compare(c, rows, n_boot=40)
+    table = live_vs_published.compare(c, rows, n_boot=40)
     assert (table.published.fillna(-1) == table.live.fillna(-1)).all()
     measured = table[table.row != "batch-invariant"]
     assert set(measured["published inside"]) == {"yes"}
     # a live row that breaks a claim is reported as breaking it
     broken = dict(rows)
     broken["K=8"] = rows["K=8"].assign(A_refeed=rows["K=8"].A_exact1)  # refeed agrees with exact1 everywhere
-    assert campaign.verdicts(c, broken)[0]["verdict"] == "does not hold"
-    assert "K=8" in campaign.verdicts(c, broken)[0]["detail"]
+    assert live_vs_published.verdicts(c, broken)[0]["verdict"] == "does not hold"
+    assert "K=8" in live_vs_published.verdicts(c, broken)[0]["detail"]
 
 
 def test_claims_are_judged_per_serving_mode():
     """Rows in two serving modes: each mode gets its own verdicts (an in-process row whose replica
     reproduces exact1 exactly cannot make the multi-process floor claim fail)."""
     from replaylib import records
-    main = records.load_paper_row("main pooled", campaign.PAPER_RECORDS)
+    main = records.load_paper_row("main pooled", live_vs_published.PAPER_RECORDS)
     exact = main.assign(A_exact2=main.A_exact1, cont_diff_exact2=0, greedy_divergence_exact2=False,
                         greedy_first_logprob_delta_exact2=0.0)
     vllm = {"engine": "vllm", "device": "cuda", "stop_at_answer": False}
@@ -252,13 +252,13 @@ def test_claims_are_judged_per_serving_mode():
                                                                   campaign.Row("a (ip)", ["ip"], "main pooled")],
                           invariant=campaign.Row("inv", ["mp"], "batch-invariant"), figure1="a (mp)", figure3=[],
                           configs=configs, sources={}, bootstrap_draws=10, concurrent_configs=0)
-    rows = {"a (mp)": main, "a (ip)": exact, "inv": records.load_paper_row("batch-invariant", campaign.PAPER_RECORDS)}
-    claims = campaign.verdicts(c, rows)
+    rows = {"a (mp)": main, "a (ip)": exact, "inv": records.load_paper_row("batch-invariant", live_vs_published.PAPER_RECORDS)}
+    claims = live_vs_published.verdicts(c, rows)
     floor = {x["mode"]: x for x in claims if x["claim"].startswith("the replica floor")}
     assert set(floor) == {"vLLM multiprocess", "vLLM inprocess"}
     assert floor["vLLM multiprocess"]["verdict"] == "holds"
     assert floor["vLLM inprocess"]["verdict"] == "does not hold" and "exactly 0" in floor["vLLM inprocess"]["detail"]
-    md = campaign.comparison_markdown(c, campaign.compare(c, rows, n_boot=10), claims)
+    md = live_vs_published.comparison_markdown(c, live_vs_published.compare(c, rows, n_boot=10), claims)
     assert "### vLLM multiprocess" in md and "### vLLM inprocess" in md
 
 
