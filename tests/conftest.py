@@ -6,6 +6,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tools"))  # the repository tools the tests check (make_notebooks, readme_tables)
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import make_notebooks
 import pytest
 
 from replaylib.params import STAGES, Params, notebook_keys
@@ -40,22 +41,14 @@ def test_papermill_sees_every_parameter(stage):
     assert set(declared) == {"out_dir", "upstream", *notebook_keys(stage)}
 
 
-def _tool():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("make_notebooks", REPO / "tools" / "make_notebooks.py")
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
-    return gen
-
-
 def test_parameters_cells_are_what_the_schema_says():
-    assert _tool().main(["--check"]) == 0, "run `make notebooks`"
+    assert make_notebooks.main(["--check"]) == 0, "run `make notebooks`"
 
 
 def test_the_tool_rewrites_only_the_parameters_cell(tmp_path, monkeypatch):
     """A notebook edited in Jupyter (prose, code) keeps every edit; only its parameters cell is rewritten."""
     import nbformat
-    gen = _tool()
+    gen = make_notebooks
     (tmp_path / "notebooks").mkdir()
     for stage in STAGES + ["06_campaign"]:
         shutil.copy(REPO / "notebooks" / f"{stage}.ipynb", tmp_path / "notebooks")

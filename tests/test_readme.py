@@ -1,20 +1,14 @@
 """The README quotes no number by hand: its tables are the generated files (tools/readme_tables.py)."""
-import importlib.util
 from pathlib import Path
+
+import readme_tables
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _tool():
-    spec = importlib.util.spec_from_file_location("readme_tables", REPO / "tools" / "readme_tables.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_the_readme_tables_are_the_generated_ones():
     from replaylib import records, tables
-    blocks = _tool().blocks((REPO / "README.md").read_text())
+    blocks = readme_tables.blocks((REPO / "README.md").read_text())
     assert set(blocks) == {"tables/paper/tab1_main.md", "docs/gpu-h200/lease7/campaign/tab1_main.md"}
     # Table 1 of the published records, as the statistics stage writes it (params/paper.yaml)
     rows = {label: records.load_paper_row(label, REPO / "data" / "paper-records") for label in records.PAPER_ROWS}
