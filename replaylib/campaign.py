@@ -14,8 +14,11 @@ The campaign runs every configuration's missing or stale stages that it reads (s
 stage 5 for the batch-invariant row) through the runner (``python -m replaylib.run --upto``:
 each stage is still its papermill notebook), one after the other, or side by side with
 ``concurrent_configs`` above 1 (with ``executor: ray``, all at once when it is 0): each runner is a
-process of its own, vLLM engines on one GPU start and stop in turn, and Ray actors wait for free
-GPUs. A configuration that copies stages from another starts once those stages are finished. Then the campaign statistics notebook
+process of its own, started as soon as what it needs exists (a configuration that copies stages
+from another, once those stages are finished; the batch-invariant stage, a runner of its own, once
+its configuration's stage 1 is). Local vLLM engines are shared by the whole campaign: one per model
+and settings serves every stage that needs it (replaylib.engine_service); Ray actors wait for free
+GPUs. Then the campaign statistics notebook
 (notebooks/06_campaign.ipynb) writes tables/campaign-<name>/ (tab1_main, live_vs_published)
 and figures/campaign-<name>/ (Figures 1-3), and runs/campaign-<name>/manifest.json with
 its inputs (every row's records, sha256) and products; it reruns only when those inputs,
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import os
@@ -41,6 +45,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import pandas as pd
 import yaml
@@ -323,33 +328,67 @@ def copy_shared_stages(c: Campaign, name: str, out_dir=None) -> list[str]:
     return copied
 
 
-def _wait_for_sources(c: Campaign, name: str, after: list, out_dir, poll_s: float = 2.0) -> None:
-    """Wait until each configuration this one copies stages from has finished those stages (or has
-    ended, whatever its outcome, which it reports itself): the copy need not wait for the rest of
-    its run (its replay, its batch-invariant stage)."""
+@dataclass
+class Job:
+    """One runner process of a campaign: a configuration's stages up to ``upto``, started once the
+    stages in ``waits`` ((config, stages) pairs) are finished (or the jobs making them have ended)."""
+    config: str
+    upto: list[str]
+    waits: list
+    copies: bool = True  # this job copies the configuration's shared stages from their sources
+
+    @property
+    def log_name(self) -> str:
+        return self.config if self.copies else f"{self.config}-{self.upto[0]}"
+
+
+INVARIANT = "05_batch_invariant"
+
+
+def campaign_jobs(c: Campaign, todo: list[str], split: bool) -> list[Job]:
+    """The runner processes that compute the configurations in ``todo``: one per configuration, and with
+    ``split`` (side by side, not forced) the batch-invariant stage as a job of its own, beside its
+    configuration's replay: it reads only stage 01 (it samples, mines and replays by itself)."""
+    shared = c.shared_stages()
+    jobs = []
+    for name in todo:
+        sources: dict[str, list] = {}
+        for (dst, stage), src in shared.items():
+            if dst == name and src in todo:
+                sources.setdefault(src, []).append(stage)
+        waits = list(sources.items())
+        stages = c.stages_needed(name)
+        if split and INVARIANT in stages and len(stages) > 1:
+            jobs.append(Job(name, [s for s in stages if s != INVARIANT], waits))
+            jobs.append(Job(name, [INVARIANT], [(name, ["01_sampling"])], copies=False))
+        else:
+            jobs.append(Job(name, stages, waits))
+    return jobs
+
+
+def _ready(c: Campaign, job: Job, done: dict, out_dir) -> bool:
+    """Whether a job can start: every (config, stages) it waits for is finished, or the job making those
+    stages has ended (whatever its outcome, which it reports itself): a copy need not wait for the rest
+    of its source's run."""
     from .run import staleness
-    for source, fut in after:
-        stages = [stage for (dst, stage), src in c.shared_stages().items() if dst == name and src == source]
-        while not fut.done() and any(staleness(c.configs[source], st, out_dir) for st in stages):
-            time.sleep(poll_s)
+    return all(done.get(config, False) or not any(staleness(c.configs[config], st, out_dir) for st in stages)
+               for config, stages in job.waits)
 
 
-def _run_config(c: Campaign, name: str, out_dir, force: bool, log_to_file: bool,
-                after: list | None = None) -> tuple[str, int, str]:
-    _wait_for_sources(c, name, after or [], out_dir)
-    if not force:
-        copy_shared_stages(c, name, out_dir)
-    cmd = [sys.executable, "-m", "replaylib.run", str(_params_file(c, name, out_dir)),
+def _run_job(c: Campaign, job: Job, out_dir, force: bool, log_to_file: bool) -> tuple[str, int, str]:
+    if job.copies and not force:
+        copy_shared_stages(c, job.config, out_dir)
+    cmd = [sys.executable, "-m", "replaylib.run", str(_params_file(c, job.config, out_dir)),
            "--out", str(out_root(out_dir))] + (["--force"] if force else [])
-    cmd += [arg for stage in c.stages_needed(name) for arg in ("--upto", stage)]
+    cmd += [arg for stage in job.upto for arg in ("--upto", stage)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
     if not log_to_file:
-        return name, subprocess.run(cmd, cwd=REPO, env=env).returncode, ""
-    log = out_root(out_dir) / "runs" / c.label / "logs" / f"{name}.log"
+        return job.config, subprocess.run(cmd, cwd=REPO, env=env).returncode, ""
+    log = out_root(out_dir) / "runs" / c.label / "logs" / f"{job.log_name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f:
         rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
-    return name, rc, str(log)
+    return job.config, rc, str(log)
 
 
 def _start_ray(c: Campaign, workers: int) -> str:
@@ -362,17 +401,18 @@ def run_configs(c: Campaign, todo: list[str], out_dir=None, force: bool = False)
     """Run each configuration's stale stages through replaylib.run; returns the ones that failed.
 
     One after the other (``concurrent_configs`` 0 or 1 with ``executor: local``), or side by side
-    (at most ``concurrent_configs``; with ``executor: ray`` all of them when it is 0), each runner
-    in its own process with its console in runs/campaign-<name>/logs/. Engines of side-by-side
-    configurations on one GPU start and stop in turn (engine_vllm.gpu_lifecycle_lock)."""
+    (at most ``concurrent_configs`` runner processes; with ``executor: ray``, all of them when it is 0),
+    each runner in its own process with its console in runs/campaign-<name>/logs/. Side by side, the
+    batch-invariant stage runs as a job of its own (campaign_jobs). Engines of side-by-side jobs
+    share the GPU (replaylib.engine_service)."""
     ray_executor = c.executor == "ray"
     width = c.concurrent_configs or (len(todo) if ray_executor else 1)
     if width <= 1 and not ray_executor:
         failed = []
-        for name in todo:
-            print(f"[campaign] {c.label}: configuration {name}", flush=True)
-            if _run_config(c, name, out_dir, force, log_to_file=False)[1]:
-                failed.append(name)
+        for job in campaign_jobs(c, todo, split=False):
+            print(f"[campaign] {c.label}: configuration {job.config}", flush=True)
+            if _run_job(c, job, out_dir, force, log_to_file=False)[1]:
+                failed.append(job.config)
                 break  # later configurations may be fine, but the campaign cannot finish: stop early
         return failed
     started = False
@@ -384,29 +424,65 @@ def run_configs(c: Campaign, todo: list[str], out_dir=None, force: bool = False)
     where = "on Ray" if ray_executor else "(local executor)"
     failed = []
     try:
-        shared = c.shared_stages()
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, width)) as pool:
-            # a configuration that copies stages from another waits for it (submitted before it, so
-            # the pool starts that one first)
-            futures = {}
-            for n in todo:
-                after = list({src: futures[src] for (dst, _), src in shared.items()
-                              if dst == n and src in futures}.items())
-                futures[n] = pool.submit(_run_config, c, n, out_dir, force, True, after)
-            futures = list(futures.values())
-            for n in todo:
-                print(f"[campaign] {c.label}: configuration {n} started {where}", flush=True)
-            for fut in concurrent.futures.as_completed(futures):
-                name, rc, log = fut.result()
-                print(f"[campaign] {c.label}: configuration {name} {'done' if rc == 0 else 'FAILED'} (log: {log})",
-                      flush=True)
-                if rc:
-                    failed.append(name)
+        failed = _side_by_side(c, campaign_jobs(c, todo, split=not force), width, out_dir, force, where)
     finally:
         if started:
             import ray
             ray.shutdown()
     return failed
+
+
+def _side_by_side(c: Campaign, jobs: list[Job], width: int, out_dir, force: bool, where: str,
+                  poll_s: float = 2.0) -> list[str]:
+    """Run jobs in at most ``width`` threads, each as soon as it is ready (_ready), in the order given;
+    returns the configurations that failed."""
+    pending, running, failed = list(jobs), {}, []
+    producing = {}  # config -> its jobs that copy or compute its shared stages
+    for job in jobs:
+        if job.copies:
+            producing.setdefault(job.config, []).append(job)
+    finished: set = set()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, width)) as pool:
+        while pending or running:
+            ended = {config: all(id(j) in finished for j in js) for config, js in producing.items()}
+            for job in list(pending):
+                if len(running) >= width:
+                    break
+                if _ready(c, job, ended, out_dir):
+                    pending.remove(job)
+                    running[pool.submit(_run_job, c, job, out_dir, force, True)] = job
+                    print(f"[campaign] {c.label}: configuration {job.config}"
+                          + ("" if job.copies else f" ({', '.join(job.upto)})") + f" started {where}", flush=True)
+            if not running and pending:  # nothing running makes what the first one waits for: it makes it
+                job = pending.pop(0)
+                running[pool.submit(_run_job, c, job, out_dir, force, True)] = job
+            done, _ = concurrent.futures.wait(running, timeout=poll_s,
+                                              return_when=concurrent.futures.FIRST_COMPLETED)
+            for fut in done:
+                job = running.pop(fut)
+                finished.add(id(job))
+                name, rc, log = fut.result()
+                print(f"[campaign] {c.label}: configuration {name} {'done' if rc == 0 else 'FAILED'} (log: {log})",
+                      flush=True)
+                if rc and name not in failed:
+                    failed.append(name)
+    return failed
+
+
+@contextlib.contextmanager
+def engine_broker(c: Campaign, todo: list[str], out_dir=None):
+    """One engine broker for the whole campaign, where its configurations' stages share vLLM engines of
+    the same settings (replaylib.engine_service); the runners it starts find it in their environment."""
+    from .engine_service import EngineBroker, wants_broker
+    if not any(wants_broker(c.configs[n], c.stages_read(n)) for n in todo):
+        yield None
+        return
+    broker = EngineBroker(out_dir)
+    try:
+        with mock.patch.dict(os.environ, broker.env()):
+            yield broker
+    finally:
+        broker.close()
 
 
 def execute_statistics(c: Campaign, out_dir=None) -> Path:
@@ -465,7 +541,8 @@ def main(argv=None) -> int:
         print(f"[campaign] {c.label}: statistics: " + (f"would run ({reason})" if reason else "up to date"))
         return 0
     if todo:
-        failed = run_configs(c, list(todo), args.out, args.force)
+        with engine_broker(c, list(todo), args.out):
+            failed = run_configs(c, list(todo), args.out, args.force)
         if failed:
             print(f"error: {c.label}: configuration {', '.join(failed)} failed (see its stage notebook under "
                   f"runs/{failed[0]}/); fix it and rerun the campaign: finished stages are kept", file=sys.stderr)

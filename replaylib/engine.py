@@ -6,7 +6,9 @@ pivot jobs for one pass and gets continuations, probes and an exactness report b
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
+import os
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -150,8 +152,16 @@ class Engine(Protocol):
         """Stop the engine and whatever processes it started."""
 
 
+# a test hook: MODULE:FUNCTION that builds the engine instead (the tests run vLLM configurations on a stand-in)
+FACTORY_ENV = "REPLAYLIB_TEST_ENGINE_FACTORY"
+
+
 def make_engine(params, invariant: bool = False):
     """The engine a configuration asks for, with a one-line error when it cannot run here."""
+    hook = os.environ.get(FACTORY_ENV)
+    if hook:
+        module, _, name = hook.partition(":")
+        return getattr(importlib.import_module(module), name)(params, invariant=invariant)
     if params.engine == "hf":
         from .engine_hf import HFEngine
         return HFEngine.from_params(params, invariant=invariant)

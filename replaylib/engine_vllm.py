@@ -83,6 +83,7 @@ import logging
 import math
 import os
 import signal
+import stat
 import sys
 import tempfile
 import time
@@ -152,61 +153,95 @@ def prepare_environment(invariant: bool, config: str = "?", serving: str = "mult
 
 # ---------------------------------------------------------------- engine processes on this machine
 # A multi-process engine's core is a child process that vLLM does not stop when its parent dies: a
-# stage killed with SIGKILL would leave it holding GPU memory. Every engine core is registered here
-# (one JSON file per process) and removed when its engine closes; an engine start first stops the
-# registered engine cores whose stage process is gone. Engine starts and shutdowns on one GPU also
-# take a lock: vLLM measures the free GPU memory while it starts and fails when another process
-# releases memory meanwhile ("Error in memory profiling").
+# process killed with SIGKILL would leave it holding GPU memory. Every engine core is registered here
+# (one JSON file per process, in a directory of this user's alone) and removed when its engine closes;
+# an engine start first stops the registered engine cores whose engine's process is gone, and only a
+# process that is still the one registered and still carries vLLM's engine-core title. Engine starts
+# and shutdowns on one GPU also take a lock: vLLM measures the free GPU memory while it starts an engine
+# whose KV cache it sizes itself, and fails when another process allocates or releases memory meanwhile
+# ("Error in memory profiling"); an engine of a fixed cache size measures nothing.
+
+REGISTRY_ENV = "REPLAYLIB_ENGINE_REGISTRY"
+
 
 def registry_dir() -> Path:
-    return Path(os.environ.get("REPLAYLIB_ENGINE_REGISTRY") or
-                Path(tempfile.gettempdir()) / f"replaylib-vllm-engines-{os.getuid()}")
+    """This user's registry of engine cores and GPU locks: created with mode 0700, and refused (one
+    line) when it is a link, another user's, or open to others, since its entries decide what is
+    stopped."""
+    path = Path(os.environ.get(REGISTRY_ENV) or Path(tempfile.gettempdir()) / f"replaylib-vllm-engines-{os.getuid()}")
+    try:
+        path.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise RuntimeError(f"{path}: cannot create the engine registry ({e.strerror or e}); set {REGISTRY_ENV} to a "
+                           f"directory of your own") from None
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise RuntimeError(f"{path}: the engine registry must be a directory of this user's alone (mode 0700, not a "
+                           f"link); it is not, so nothing is registered or stopped; remove it or set {REGISTRY_ENV} "
+                           f"to a private directory")
+    return path
 
 
 @contextlib.contextmanager
-def gpu_lifecycle_lock(config: str = "?"):
-    """Hold the lock of this process's GPUs (CUDA_VISIBLE_DEVICES) while an engine starts or stops."""
+def gpu_lifecycle_lock(config: str = "?", exclusive: bool = True):
+    """Hold the lock of this process's GPUs (CUDA_VISIBLE_DEVICES) while an engine starts or stops:
+    exclusive for a start that profiles the free memory, shared for the others (they change the free
+    memory, but measure none)."""
     devices = os.environ.get("CUDA_VISIBLE_DEVICES", "all").replace(",", "_") or "none"
     path = registry_dir() / f"gpu-{devices}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
     with open(path, "a") as f:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(f, mode | fcntl.LOCK_NB)
         except BlockingIOError:
             log.info("config %s: waiting for another vLLM engine on this GPU to finish starting or stopping", config)
-            fcntl.flock(f, fcntl.LOCK_EX)
+            fcntl.flock(f, mode)
         try:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _is_engine_core(title: str) -> bool:
+    return "VLLM::" in title or "EngineCore" in title
+
+
+def _title(proc) -> str:
+    import psutil
+    try:
+        return proc.name() + " " + " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def engine_processes(exclude=()) -> list:
     """This process's descendants that vLLM named (setproctitle: VLLM::EngineCore and its workers)."""
+    return [proc for proc in _children() if proc.pid not in exclude and _is_engine_core(_title(proc))]
+
+
+def _children() -> list:
     import psutil
-    found = []
-    for proc in psutil.Process().children(recursive=True):
-        if proc.pid in exclude:
-            continue
-        try:
-            title = proc.name() + " " + " ".join(proc.cmdline())
-        except psutil.Error:
-            continue
-        if "VLLM::" in title or "EngineCore" in title:
-            found.append(proc)
-    return found
+    return psutil.Process().children(recursive=True)
 
 
 def register_engine_processes(procs, config: str) -> list[Path]:
+    """Record engine cores this process started (its descendants, with vLLM's title), for the reaper."""
     import psutil
     me = psutil.Process()
+    ours = {p.pid for p in _children()}
     files = []
     for proc in procs:
+        title = _title(proc)
+        if proc.pid not in ours or not _is_engine_core(title):
+            continue
         entry = {"pid": proc.pid, "create_time": proc.create_time(), "parent_pid": me.pid,
-                 "parent_create_time": me.create_time(), "config": config}
+                 "parent_create_time": me.create_time(), "config": config, "title": title[:200]}
         path = registry_dir() / f"engine-{proc.pid}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(entry))
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(entry))
+        os.replace(tmp, path)
         files.append(path)
     return files
 
@@ -217,37 +252,58 @@ def _alive(pid: int, create_time: float):
         proc = psutil.Process(pid)
         return proc if abs(proc.create_time() - create_time) < 1e-3 and proc.status() != psutil.STATUS_ZOMBIE \
             else None
-    except psutil.Error:
+    except (psutil.Error, TypeError, ValueError):
         return None
 
 
 def reap_leftover_engines(timeout_s: float = 60.0) -> list[dict]:
-    """Stop the registered engine cores whose stage process has died; returns what was stopped."""
+    """Stop the registered engine cores whose engine's process has died; returns what was stopped.
+    A registered process is stopped only while it is still the one registered (its start time) and
+    still carries vLLM's engine-core title; any other entry is dropped."""
     import psutil
     stopped = []
     for path in sorted(registry_dir().glob("engine-*.json")):
         try:
             entry = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            pid, created = int(entry["pid"]), float(entry["create_time"])
+            parent, parent_created = int(entry["parent_pid"]), float(entry["parent_create_time"])
+        except (OSError, ValueError, KeyError, TypeError):
             path.unlink(missing_ok=True)
             continue
-        proc = _alive(entry["pid"], entry["create_time"])
-        if proc is None:
+        proc = _alive(pid, created)
+        if proc is None or not _is_engine_core(_title(proc)):
             path.unlink(missing_ok=True)
             continue
-        if _alive(entry["parent_pid"], entry["parent_create_time"]) is not None:
-            continue  # another stage's engine, still running: not ours to stop
+        if _alive(parent, parent_created) is not None:
+            continue  # another engine, still running: not ours to stop
         for p in [proc] + proc.children(recursive=True):
             with contextlib.suppress(psutil.Error):
                 p.send_signal(signal.SIGKILL)
         gone, alive = psutil.wait_procs([proc], timeout=timeout_s)
-        log.warning("stopped a leftover vLLM engine core (pid %d, config %s): its stage process (pid %d) had died "
-                    "without shutting it down%s", entry["pid"], entry.get("config"), entry["parent_pid"],
+        log.warning("stopped a leftover vLLM engine core (pid %d, config %s): the process that ran its engine (pid %d) "
+                    "had died without shutting it down%s", pid, entry.get("config"), parent,
                     "" if not alive else f"; it still runs after {timeout_s:.0f} s")
         if not alive:
             path.unlink(missing_ok=True)
         stopped.append({**entry, "stopped": not alive})
     return stopped
+
+
+def engine_identity(params, invariant: bool = False) -> dict:
+    """Everything a vLLM engine is built with (the LLM's arguments and the environment vLLM reads at
+    start): stages whose identities are equal can share one engine (replaylib.engine_service)."""
+    return {"engine": "vllm", "model": params.model, "dtype": params.dtype, "device": params.device,
+            "serving": params.vllm_serving, "batch_invariant": invariant,
+            "attention_backend": (params.invariant_attention_backend if invariant else params.attention_backend)
+            or "default", "enforce_eager": bool(params.enforce_eager and not invariant),
+            "gpu_memory_utilization": params.gpu_memory_utilization, "max_model_len": params.max_model_len,
+            "kv_cache_gib": params.kv_cache_gib}
+
+
+def trunk_settings(params) -> dict:
+    """The trunks' sampling settings, which problem_state's regeneration must repeat."""
+    return {"temperature": params.temperature, "top_p": params.top_p, "max_new_tokens": params.max_trunk_tokens,
+            "top_logprobs": params.top_logprobs}
 
 
 def compile_cache_dir():
@@ -324,6 +380,22 @@ class VLLMEngine:
         self.epoch = 0  # prefix-cache resets so far
         self.preemptions: dict[str, int] = {}
         self.processes, self.registered = [], []  # the engine core's processes and their registry files
+        self.identity: dict | None = None  # engine_identity of the parameters it was built from
+
+    def configure(self, params) -> None:
+        """Serve the stage of these parameters (another stage or configuration on a shared engine): its
+        trunk settings (the regeneration repeats them) and its name in messages. Parameters that would
+        build another engine are refused."""
+        want = engine_identity(params, self.invariant)
+        if self.identity is not None and want != self.identity:
+            diff = ", ".join(f"{k}: {self.identity.get(k)!r} here, {want.get(k)!r} asked"
+                             for k in sorted(want) if want.get(k) != self.identity.get(k))
+            raise ValueError(f"config '{params.config}': this vLLM engine was built with other settings ({diff}); "
+                             f"the stage needs an engine of its own")
+        self.config, self.trunk_settings = params.config, trunk_settings(params)
+        if params.block_size > 1 and params.block_size != self.block_size:
+            log.warning("config %s: pivots are mined at block_size %d, but the engine's KV blocks hold %d tokens",
+                        params.config, params.block_size, self.block_size)
 
     @classmethod
     def from_params(cls, params, invariant: bool = False) -> "VLLMEngine":
@@ -356,17 +428,16 @@ class VLLMEngine:
         if params.kv_cache_gib:  # a fixed KV cache: vLLM then skips its free-memory profiling
             kwargs["kv_cache_memory_bytes"] = int(params.kv_cache_gib * 2**30)
         reap_leftover_engines()
-        with gpu_lifecycle_lock(params.config):
+        with gpu_lifecycle_lock(params.config, exclusive=not params.kv_cache_gib):
             before = {p.pid for p in engine_processes()}
             llm = vllm.LLM(**kwargs)
             procs = engine_processes(exclude=before)
             files = register_engine_processes(procs, params.config)
         engine = cls(llm, vllm.SamplingParams, model=model, dtype=params.dtype, invariant=invariant,
                      attention_backend=backend, version=vllm.__version__, config=params.config, enforce_eager=eager,
-                     trunk_settings={"temperature": params.temperature, "top_p": params.top_p,
-                                     "max_new_tokens": params.max_trunk_tokens, "top_logprobs": params.top_logprobs},
                      serving=params.vllm_serving)
         engine.processes, engine.registered = procs, files
+        engine.identity = engine_identity(params, invariant)
         if params.vllm_serving == "multiprocess" and not procs:
             log.warning("config %s: no vLLM engine-core process was found beside this one in the multiprocess "
                         "mode; a killed stage's engine could not be stopped by the next one", params.config)
@@ -374,9 +445,7 @@ class VLLMEngine:
                  "VLLM_CACHE_ROOT=%s)", params.config, time.perf_counter() - started,
                  f"multiprocess, engine core pid {', '.join(str(p.pid) for p in procs) or '?'}"
                  if params.vllm_serving == "multiprocess" else "inprocess", os.environ["VLLM_CACHE_ROOT"])
-        if params.block_size > 1 and params.block_size != engine.block_size:
-            log.warning("config %s: pivots are mined at block_size %d, but the engine's KV blocks hold %d tokens",
-                        params.config, params.block_size, engine.block_size)
+        engine.configure(params)
         return engine
 
     def close(self, timeout_s: float = 60.0) -> list[int]:
@@ -385,7 +454,7 @@ class VLLMEngine:
         if self.llm is None:
             return []
         import psutil
-        with gpu_lifecycle_lock(self.config):
+        with gpu_lifecycle_lock(self.config, exclusive=False):
             try:
                 self.llm.llm_engine.engine_core.shutdown()
             except Exception as e:  # noqa: BLE001 - a failing shutdown still ends in the checks below

@@ -375,6 +375,13 @@ def first_token_deltas(records: pd.DataFrame) -> pd.DataFrame:
     return out.rename(columns={c: c.replace("greedy_first_logprob_delta_", "delta ") for c in cols})
 
 
+def replay_records(params, out_dir=None) -> pd.DataFrame | None:
+    """Stage 3's records when it has finished, else None (the batch-invariant stage can run beside it)."""
+    from .replay import STAGE, load
+    from .rundir import StageDir
+    return load(params, out_dir) if (StageDir(params, STAGE, out_dir).path / "DONE").exists() else None
+
+
 def invariant_example(inv: pd.DataFrame, chosen: pd.Series | None) -> int:
     """Row of the invariant records at the same pivot as `chosen` (problem, rollout, position), else 0."""
     if chosen is not None:

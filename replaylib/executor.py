@@ -7,7 +7,10 @@ where each unit runs; what a unit computes, and with which other problems it is 
 never depends on the executor or on the number of workers. The stage's process (the
 driver) writes every result itself, atomically, as before.
 
-``executor: local``: one engine in this process, units in order.
+``executor: local``: one engine, units in order: under the runner and campaigns a vLLM engine is
+leased from the run's broker and lives in a process of its own, which the run's other stages of the
+same engine settings use too (replaylib.engine_service; ``shared_engine: false`` starts one in this
+process instead, as a notebook run alone does).
 ``executor: ray``: ``ray_workers`` actors, each owning one engine for its lifetime
 (``make_engine`` inside the actor, so the model loads once per actor); a unit runs wholly on
 one actor, so a problem's passes all run on the engine that holds its trunks. An actor that
@@ -44,6 +47,8 @@ class UnitFailed(RuntimeError):
 
 class LocalExecutor:
     name = "local"
+    reports_progress = True  # the engine updates the stage's progress as it decodes
+    lease_info = None
 
     def __init__(self, params: Params, invariant: bool = False):
         self.engine = make_engine(params, invariant=invariant)
@@ -157,6 +162,8 @@ def start_local_ray(num_cpus: int) -> str:
 
 class RayExecutor:
     name = "ray"
+    reports_progress = False  # the driver counts finished units
+    lease_info = None
 
     def __init__(self, params: Params, invariant: bool = False, workers: int | None = None):
         import ray
@@ -299,8 +306,9 @@ class RayExecutor:
             ray.shutdown()
 
 
-def make_executor(params: Params, invariant: bool = False, workers: int | None = None):
-    """The executor a configuration asks for (``executor: local | ray``)."""
+def make_executor(params: Params, invariant: bool = False, workers: int | None = None, stage: str = ""):
+    """The executor a configuration asks for (``executor: local | ray``); stage: who asks, for the
+    records of a shared engine."""
     if params.executor == "ray":
         import importlib.util
         if importlib.util.find_spec("ray") is None:
@@ -310,4 +318,12 @@ def make_executor(params: Params, invariant: bool = False, workers: int | None =
             if importlib.util.find_spec("vllm") is None:
                 make_engine(params)
         return RayExecutor(params, invariant, workers)
+    from .engine_service import ServedExecutor, served
+    if served(params):
+        return ServedExecutor(params, invariant, stage)
     return LocalExecutor(params, invariant)
+
+
+def lease_record(ex) -> dict:
+    """What a stage's manifest records of a shared engine it leased (nothing for an engine of its own)."""
+    return {"engine_lease": ex.lease_info} if getattr(ex, "lease_info", None) else {}

@@ -19,7 +19,7 @@ from . import progress
 from . import sampling
 from .data import load_problems
 from .engine import trunk_seed
-from .executor import make_executor
+from .executor import lease_record, make_executor
 from .grading import grade
 from .params import Params
 from .replay import build_jobs, replay_problem, typed
@@ -84,7 +84,7 @@ def run(params: Params, out_dir=None) -> dict:
     chosen = problem_info["kept"][:params.invariant_problems]
     problems = {p.problem_id: p for p in load_problems(params.task)}
     started = time.perf_counter()
-    ex = make_executor(params, invariant=True, workers=1)
+    ex = make_executor(params, invariant=True, workers=1, stage=STAGE)
     seconds = {"engine start": round(time.perf_counter() - started, 2)}
     try:  # one unit: the chosen problems are sampled as one batch, and replayed on the engine that holds them
         started = time.perf_counter()
@@ -104,7 +104,7 @@ def run(params: Params, out_dir=None) -> dict:
     if not report["all_identical"]:
         raise AssertionError(f"{STAGE}: passes disagree in invariant mode ({report}); see "
                              f"{stage.file('records.parquet')}")
-    stage.finish(["records.parquet", "invariant.json"], {"report": report, "seconds": seconds})
+    stage.finish(["records.parquet", "invariant.json"], {"report": report, "seconds": seconds, **lease_record(ex)})
     return report
 
 

@@ -38,7 +38,7 @@ CHOICES = {
 TRANSPLANT_PASSES = ("xplant_refeed_kv", "xplant_decode_kv")
 # where a stage's units of work run: owned by no stage, so in no stage key (results never depend on it);
 # the stages that start engines declare them in their notebooks
-EXECUTOR_KEYS = ["executor", "ray_address", "ray_workers", "gpus_per_worker"]
+EXECUTOR_KEYS = ["executor", "shared_engine", "ray_address", "ray_workers", "gpus_per_worker"]
 
 
 def task_data_sha256(task: str) -> str:
@@ -72,7 +72,11 @@ class Params:
     # --- 01 sampling: model, engine, task, trunks
     config: str = _p("run", "embedded", "run name: outputs go to runs/<config>/, figures/<config>/, tables/<config>/")
     # --- where the work runs (replaylib/executor.py): in no stage key
-    executor: str = _p("executor", "local", "local (one engine in the stage's process) or ray (engines on Ray actors)")
+    executor: str = _p("executor", "local", "local (one engine, units in order) or ray (engines on Ray actors)")
+    shared_engine: bool = _p("executor", True, "local vLLM under the runner or a campaign: one engine per model and "
+                                               "settings, in a process of its own, serves every stage that needs it "
+                                               "(it loads and compiles once); false: each stage starts its own in its "
+                                               "process, as a notebook run alone does")
     ray_address: str = _p("executor", "", "ray: empty starts a local Ray instance; auto or HOST:PORT joins a cluster "
                                           "(whose workers then run this package's code and exchange pickled data: "
                                           "join only clusters you trust; a received run's params.json never sets it)")

@@ -6,7 +6,8 @@ its loops call `progress.update(n)`, and the engines report every decode step wi
 and is also written, at most twice a second, to `<stage_dir>/progress.json`. A stage runs
 inside a papermill kernel whose output the terminal never sees, so the runner polls that
 file and draws the stage's line itself; under the runner (REPLAYLIB_RUNNER set) the notebook
-keeps no bar of its own.
+keeps no bar of its own. A stage whose engine runs in another process (replaylib.engine_service)
+gets that process's progress as events (`forward_to` there, `apply` here).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ FILE = "progress.json"
 RUNNER_ENV = "REPLAYLIB_RUNNER"
 WRITE_EVERY_S = 0.5
 _current: "Bar | None" = None
+_forward = None  # in an engine server, while a unit runs: sends each progress event to its stage
 
 
 class Bar:
@@ -81,9 +83,28 @@ class Bar:
         return True
 
 
+class _ForwardedBar:
+    """A bar opened by a unit in an engine server: its stage draws it."""
+
+    def update(self, n: int = 1) -> None:
+        _forward(("update", n))
+
+    def add_total(self, n: int) -> None:
+        _forward(("add_total", n))
+
+    def add_tokens(self, n: int, rows_finished: int = 0) -> None:
+        _forward(("tokens", n, rows_finished))
+
+    def close(self) -> None:
+        _forward(("close",))
+
+
 def bar(stage_dir, desc: str, total: int, unit: str, count_rows: bool = False) -> Bar:
     """Start a phase (closing the previous one); count_rows: finished decode rows advance it."""
     global _current
+    if _forward is not None:
+        _forward(("bar", str(stage_dir), desc, total, unit, count_rows))
+        return _ForwardedBar()
     if _current is not None:
         _current.close()
     _current = Bar(stage_dir, desc, total, unit, count_rows)
@@ -91,14 +112,39 @@ def bar(stage_dir, desc: str, total: int, unit: str, count_rows: bool = False) -
 
 
 def update(n: int = 1) -> None:
-    if _current is not None:
+    if _forward is not None:
+        _forward(("update", n))
+    elif _current is not None:
         _current.update(n)
 
 
 def tokens(n: int, rows_finished: int = 0) -> None:
     """An engine decoded n tokens (one step of n rows, or a whole request batch)."""
-    if _current is not None:
+    if _forward is not None:
+        _forward(("tokens", n, rows_finished))
+    elif _current is not None:
         _current.add_tokens(n, rows_finished)
+
+
+def forward_to(send) -> None:
+    """Send progress events to send(event) instead of drawing them (None: draw them here again)."""
+    global _forward
+    _forward = send
+
+
+def apply(event: tuple) -> None:
+    """An event a unit sent from another process (forward_to there), drawn here."""
+    kind, *args = event
+    if kind == "bar":
+        bar(*args)
+    elif kind == "update":
+        update(*args)
+    elif kind == "tokens":
+        tokens(*args)
+    elif kind == "add_total" and _current is not None:
+        _current.add_total(*args)
+    elif kind == "close" and _current is not None:
+        _current.close()
 
 
 def read(stage_dir) -> dict | None:

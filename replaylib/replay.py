@@ -24,7 +24,7 @@ import pandas as pd
 from . import progress
 from .data import load_problems
 from .engine import ARMS, PassSettings, PivotJob, continuation_seed, stable_seed
-from .executor import make_executor
+from .executor import lease_record, make_executor
 from .grading import grade
 from .params import Params
 from .rundir import StageDir, atomic_save, rerun_command
@@ -212,9 +212,10 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
     todo = [pid for pid in shard if not stage.has_shard(shard[pid])
             or (pid in profile_shard and not stage.has_shard(profile_shard[pid]))]
     seconds = {}  # of this run's units (problems replayed earlier and kept are not in it)
+    lease = {}
     if todo:
         started = time.perf_counter()
-        ex = make_executor(params)
+        ex = make_executor(params, stage=STAGE)
         seconds["engine start"] = round(time.perf_counter() - started, 2)
         log.info("config %s, stage %s, executor %s: %d problems to replay", params.config, STAGE, ex.name, len(todo))
         units = [(f"{STAGE} problem {pid}",
@@ -233,13 +234,14 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
                     stage.add_shard(profile_shard[pid])
                 atomic_save(stage.file(shard[pid]), lambda tmp: frame.to_parquet(tmp, index=False))
                 stage.add_shard(shard[pid])
-                if ex.name != "local":  # a local engine counts its passes as it runs them (replay_problem)
+                if not ex.reports_progress:  # a local engine counts its passes as it runs them (replay_problem)
                     bar.update(n_jobs[pid])
             bar.close()
         finally:
             started = time.perf_counter()
             ex.close()
             seconds["engine stop"] = round(time.perf_counter() - started, 2)
+            lease = lease_record(ex)
     for rel in list(shard.values()) + list(profile_shard.values()):  # only bytes this run wrote and recorded
         if not stage.has_shard(rel):
             raise RuntimeError(f"{stage.path / rel}: not the shard this run recorded (missing, changed or written "
@@ -259,7 +261,7 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
     stage.finish(outputs, {"n_records": len(records), "flagged_not_exact": flagged,
                            "state_established": records["state_established"].value_counts().to_dict()
                            if "state_established" in records else {},
-                           "seconds": seconds})
+                           "seconds": seconds, **lease})
     return records
 
 

@@ -7,7 +7,9 @@ whatever of its upstream stages is missing or stale; --force recomputes every st
 runs, reusing no partial result. A stage killed midway resumes from its finished shards
 when nothing it depends on changed. Each stage is its notebook,
 executed by papermill into runs/<config>/<stage>/<stage>.ipynb with only the
-parameters that notebook declares. Options and stage names mix in any order.
+parameters that notebook declares. Options and stage names mix in any order. A vLLM
+engine is started once for the stages that share its settings and stopped at the end
+(replaylib.engine_service).
 
 The terminal shows one progress line per stage (drawn from the progress file the stage
 writes, replaylib.progress); the kernel's and third-party output goes to
@@ -223,7 +225,8 @@ def _execute(params: Params, stage: str, out_dir, stage_dir: Path, env: dict, pa
             follower.join()
             line.poll(final=True, failed=failed)
             line.bar.close()
-            stop_leftover_engines()
+            if params.engine == "vllm":
+                stop_leftover_engines()
     atomic_write_json(stage_dir / "runner.json", {"seconds": round(time.time() - start, 1),
                                                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
     return output
@@ -390,23 +393,51 @@ def main(argv=None) -> int:
     ran = []
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
-        for stage, reason in todo:
-            start = time.time()
-            try:
-                execute(params, stage, args.out, fresh=args.force or reason == "named", params_file=args.params)
-            except (KeyboardInterrupt, Terminated) as e:
-                why = "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else "terminated (SIGTERM)"
-                print(stop_summary(params, stage, "STOPPED", why, start, ran, args, runs), file=sys.stderr)
-                return 130 if isinstance(e, KeyboardInterrupt) else 143
-            except Exception as e:  # papermill raises with the cell's traceback; keep the console to a few lines
-                ename = getattr(e, "ename", type(e).__name__)
-                evalue = str(getattr(e, "evalue", e)).strip().splitlines()
-                reason_line = f"{ename}: {evalue[-1] if evalue else ''}"
-                print(stop_summary(params, stage, "FAILED", reason_line, start, ran, args, runs), file=sys.stderr)
-                return 1
-            ran.append((stage, time.time() - start))
+        with engine_broker(params, [s for s, _ in todo], args.out):
+            stopped = _run_stages(params, todo, args, runs, ran)
     finally:
         signal.signal(signal.SIGTERM, previous)
+    return stopped if stopped is not None else _finish(params, args, ran)
+
+
+@contextlib.contextmanager
+def engine_broker(params: Params, stages: list[str], out_dir):
+    """The run's engine broker, where its stages share vLLM engines (replaylib.engine_service): started
+    here unless a campaign running this runner has one already; its engines stop when the run ends."""
+    from .engine_service import BROKER_ENV, EngineBroker, wants_broker
+    if os.environ.get(BROKER_ENV) or not wants_broker(params, stages):
+        yield None
+        return
+    broker = EngineBroker(out_dir)
+    try:
+        with mock.patch.dict(os.environ, broker.env()):
+            yield broker
+    finally:
+        broker.close()
+
+
+def _run_stages(params: Params, todo, args, runs: Path, ran: list) -> int | None:
+    """Each stage in turn; an exit code when one stops the run, else None."""
+    for stage, reason in todo:
+        start = time.time()
+        try:
+            execute(params, stage, args.out, fresh=args.force or reason == "named", params_file=args.params)
+        except (KeyboardInterrupt, Terminated) as e:
+            why = "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else "terminated (SIGTERM)"
+            print(stop_summary(params, stage, "STOPPED", why, start, ran, args, runs), file=sys.stderr)
+            return 130 if isinstance(e, KeyboardInterrupt) else 143
+        except Exception as e:  # papermill raises with the cell's traceback; keep the console to a few lines
+            ename = getattr(e, "ename", type(e).__name__)
+            evalue = str(getattr(e, "evalue", e)).strip().splitlines()
+            reason_line = f"{ename}: {evalue[-1] if evalue else ''}"
+            print(stop_summary(params, stage, "FAILED", reason_line, start, ran, args, runs), file=sys.stderr)
+            return 1
+        ran.append((stage, time.time() - start))
+    return None
+
+
+def _finish(params: Params, args, ran: list) -> int:
+    """The report site (with --html) and the closing summary."""
     index = None
     if args.html:
         from . import site

@@ -17,7 +17,7 @@ import pandas as pd
 from . import progress
 from .data import load_problems
 from .engine import trunk_seed
-from .executor import make_executor
+from .executor import lease_record, make_executor
 from .grading import grade
 from .params import Params
 from .rundir import StageDir, atomic_save, atomic_write_json
@@ -104,7 +104,7 @@ def run(params: Params, out_dir=None) -> dict:
                          f"{len(problems)} problems of task {params.task} (0-{len(problems) - 1}); lower it")
     stage = StageDir(params, STAGE, out_dir).begin()
     started = time.perf_counter()
-    ex = make_executor(params)
+    ex = make_executor(params, stage=STAGE)
     seconds = {"engine start": round(time.perf_counter() - started, 2)}
     started = time.perf_counter()
     try:
@@ -113,7 +113,7 @@ def run(params: Params, out_dir=None) -> dict:
         take = screen_batches(params, len(problems))
         accepted, rows, scanned, digests = [], [], [], {}
         # a local engine advances the line as its trunks finish; Ray actors' trunks are counted as batches return
-        bar = progress.bar(stage.path, "trunks", 0, "trunk", count_rows=ex.name == "local")
+        bar = progress.bar(stage.path, "trunks", 0, "trunk", count_rows=ex.reports_progress)
         while len(accepted) < params.n_problems:
             wave = batch_wave(params, take, params.n_problems - len(accepted))
             if not wave:
@@ -122,7 +122,7 @@ def run(params: Params, out_dir=None) -> dict:
                       (params, [(pid, problems[pid].question, problems[pid].gold) for pid in b])) for b in wave]
             bar.add_total(sum(len(b) for b in wave) * params.n_rollouts)
             for _, (sampled, state) in ex.map(sample_batch, units):
-                if ex.name != "local":
+                if not ex.reports_progress:
                     bar.update(sum(len(got["trunks"]) for got in sampled.values()))
                 for pid, got in sampled.items():
                     accuracy = sum(got["correct"]) / len(got["correct"])
@@ -158,7 +158,8 @@ def run(params: Params, out_dir=None) -> dict:
     outputs += sorted(str(p.relative_to(stage.path)) for p in (stage.path / "state").glob("*.safetensors"))
     # the digest of every decode-time state, taken when it was produced: the replay stage checks the
     # tensors it resumes against these, not against the saved file's own metadata
-    stage.finish(outputs, {"engine": info["engine"], "state_digests": digests, "seconds": seconds})
+    stage.finish(outputs, {"engine": info["engine"], "state_digests": digests, "seconds": seconds,
+                           **lease_record(ex)})
     return {"kept": accepted, "scanned": len(scanned), "trunk_accuracy": float(trunks_df["correct"].mean()),
             "kept_accuracy": float(trunks_df[trunks_df.kept]["correct"].mean())}
 

@@ -197,14 +197,19 @@ def test_paper_requests_are_counted_from_the_published_records():
         assert row["problems"] == len({p["problem_id"] for p in data["per_problem"]})
         assert row["continuation_tokens"] == 3 * row["pivots"] * 2 * (row["k"] * 400 + 32)
     assert rows["paper-primary"]["problems"] == 20 and rows["paper-k16"]["k"] == 16
-    projected = paper7b.project_campaign(list(rows.values()), tokens_per_s=1000.0, trunk_tokens_per_s=500.0,
-                                       startup_s=10.0, warm_startup_s=4.0)
+    per_stage = paper7b.project_campaign(list(rows.values()), tokens_per_s=1000.0, trunk_tokens_per_s=500.0,
+                                         startup_s=10.0, warm_startup_s=4.0, shared_engines=False)
     # the trunks are sampled once at the sampling rate (the replay's rate already includes regenerating them);
-    # the campaign's first start-up is cold, every later one warm
-    first, second = projected[0], projected[1]
+    # with an engine per stage the campaign's first start-up is cold, every later one warm
+    first, second = per_stage[0], per_stage[1]
     assert first["trunk_tokens"] == 2 * first["trunks"] * 512
     assert first["projected_s"] == pytest.approx(first["continuation_tokens"] / 1000 + first["trunks"] * 512 / 500 + 14)
     assert second["projected_s"] == pytest.approx(second["continuation_tokens"] / 1000 + second["trunks"] * 512 / 500 + 8)
+    # one engine per model for all its stages and configurations: one cold start-up per model
+    shared = paper7b.project_campaign(list(rows.values()), tokens_per_s=1000.0, trunk_tokens_per_s=500.0,
+                                      startup_s=10.0, warm_startup_s=4.0)
+    models = {r["model"] for r in rows.values()}
+    assert sum(r["startup_s"] for r in shared) == pytest.approx(10.0 * len(models)) and len(models) == 3
 
 
 def test_project_only_needs_no_gpu(capsys):

@@ -87,7 +87,6 @@ def test_a_registry_entry_of_a_process_that_is_gone_or_reused_is_dropped():
     gone = _sleeper()
     gone.kill(), gone.wait()
     me = psutil.Process()
-    registry_dir().mkdir(parents=True)
     (registry_dir() / "engine-1.json").write_text(json.dumps(
         {"pid": gone.pid, "create_time": 1.0, "parent_pid": 1, "parent_create_time": 0.0, "config": "c"}))
     # a pid whose process is another one now (its start time differs): never signalled
@@ -175,3 +174,58 @@ def test_engine_starts_and_shutdowns_on_one_gpu_take_turns(caplog, monkeypatch):
         t0 = time.monotonic()
         with gpu_lifecycle_lock("other"):
             assert time.monotonic() - t0 < 0.3
+
+
+def test_a_registry_directory_that_is_a_link_or_open_to_others_is_refused(tmp_path, monkeypatch):
+    """Its entries decide which processes are killed: another local user must not be able to plant one."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    os.chmod(shared, 0o777)
+    monkeypatch.setenv("REPLAYLIB_ENGINE_REGISTRY", str(shared))
+    with pytest.raises(RuntimeError, match="this user's alone"):
+        registry_dir()
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(private)
+    monkeypatch.setenv("REPLAYLIB_ENGINE_REGISTRY", str(link))
+    with pytest.raises(RuntimeError, match="not a link"):
+        registry_dir()
+    monkeypatch.setenv("REPLAYLIB_ENGINE_REGISTRY", str(tmp_path / "new"))
+    assert registry_dir().stat().st_mode & 0o777 == 0o700  # made private
+
+
+def test_a_registered_process_that_is_no_engine_core_is_never_signalled():
+    """An entry naming a live process without vLLM's engine-core title (a planted or stale entry whose pid
+    another program now holds with the same start time cannot be told apart otherwise) is dropped, and
+    the process lives on."""
+    gone = _sleeper()
+    gone.kill(), gone.wait()
+    victim = _sleeper()
+    try:
+        time.sleep(0.3)
+        proc = psutil.Process(victim.pid)
+        (registry_dir() / "engine-9.json").write_text(json.dumps(
+            {"pid": victim.pid, "create_time": proc.create_time(), "parent_pid": gone.pid,
+             "parent_create_time": 1.0, "config": "planted"}))
+        assert reap_leftover_engines() == []
+        assert victim.poll() is None
+        assert not list(registry_dir().glob("engine-*.json"))
+    finally:
+        victim.kill()
+
+
+@pytest.mark.parametrize("engine, reaps", [("hf", False), ("vllm", True)])
+def test_the_runner_looks_for_leftover_engine_cores_after_vllm_stages_only(tmp_path, monkeypatch, engine, reaps):
+    import papermill
+
+    from replaylib import params, run
+    called = []
+    monkeypatch.setattr(run, "stop_leftover_engines", lambda: called.append(True))
+    monkeypatch.setattr(papermill, "execute_notebook", lambda *a, **k: None)
+    extra = {"stop_at_answer": False, "device": "cuda"} if engine == "vllm" else {}
+    p = params.make({"config": "reap", "engine": engine, **extra})
+    stage_dir = tmp_path / "runs" / "reap" / "02_pivot_mining"
+    stage_dir.mkdir(parents=True)
+    run._execute(p, "02_pivot_mining", tmp_path, stage_dir, {}, None)
+    assert called == ([True] if reaps else [])

@@ -4,8 +4,11 @@ Each mode runs in its own process, since VLLM_BATCH_INVARIANT and the serving mo
 before vLLM is imported: this file is also the script (python tests/test_gpu.py MODE OUT). The
 tiny random-weight model (params/gpu-smoke.yaml) runs the paper's mechanics: trunks,
 block-aligned pivots, problem_state, exact1 / exact2 / refeed, in vLLM's multi-process engine
-(the paper's) and in-process; and the multi-process engine's core process is checked to end
-with its engine, inside a Ray actor too, and to be stopped once a killed stage left it behind.
+(the paper's) and in-process; the multi-process engine's core process is checked to end
+with its engine, inside a Ray actor too, and to be stopped once a killed stage left it behind;
+a run's stages share one engine (replaylib.engine_service), and a run or campaign killed outright
+leaves no engine holding GPU memory. The tests are independent processes with registries of their
+own and fixed-size KV caches, so they can run side by side (pytest -n 4).
 """
 import importlib.util
 import json
@@ -127,14 +130,59 @@ def in_ray_actor() -> dict:
                                                                                  psutil.pid_exists(q)]}
 
 
-def _env() -> dict:
-    return {k: v for k, v in os.environ.items() if k not in ("VLLM_BATCH_INVARIANT", "VLLM_ENABLE_V1_MULTIPROCESSING")}
+def _env(tmp_path=None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_BATCH_INVARIANT", "VLLM_ENABLE_V1_MULTIPROCESSING")}
+    if tmp_path is not None:  # a registry of its own: another test's engine start reaps nothing of this one
+        env["REPLAYLIB_ENGINE_REGISTRY"] = str(tmp_path / "registry")
+    return env
+
+
+def gpu_memory_by_pid() -> dict:
+    """GPU memory (bytes) held by each process on the first GPU, as NVML reports it."""
+    import pynvml
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    return {p.pid: int(p.usedGpuMemory or 0) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+
+
+def _descendants(pid: int) -> list:
+    import psutil
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _engine_pids(root_pid: int) -> dict:
+    """Engine servers and vLLM engine cores among a process's descendants: {pid: role}."""
+    found = {}
+    for proc in _descendants(root_pid):
+        try:
+            title = proc.name() + " " + " ".join(proc.cmdline())
+        except Exception:  # noqa: BLE001 - gone meanwhile
+            continue
+        if "replaylib.engine_service" in title:
+            found[proc.pid] = "server"
+        elif "VLLM::" in title or "EngineCore" in title:
+            found[proc.pid] = "core"
+    return found
+
+
+def _wait_until(condition, timeout_s: float, poll_s: float = 1.0):
+    import time
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(poll_s)
+    return condition()
 
 
 def _run(mode: str, tmp_path) -> dict:
     result = tmp_path / f"{mode}.json"
-    proc = subprocess.run([sys.executable, __file__, mode, str(result)], cwd=REPO, env=_env(), capture_output=True,
-                          text=True, timeout=1200)
+    proc = subprocess.run([sys.executable, __file__, mode, str(result)], cwd=REPO, env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads(result.read_text())
 
@@ -172,33 +220,106 @@ def test_the_engine_core_ends_with_its_engine_inside_a_ray_actor(tmp_path):
 
 
 def test_a_killed_stage_leaves_no_engine_core_holding_gpu_memory(tmp_path):
-    """A stage killed with SIGKILL orphans its engine core, which keeps its GPU memory; the next
-    engine start (here: reap_leftover_engines, which it calls first) stops it and the memory is free."""
+    """A stage with an engine of its own (shared_engine: false, or a notebook run alone) killed with
+    SIGKILL orphans its engine core, which keeps its GPU memory; the next engine start (here:
+    reap_leftover_engines, which it calls first) stops it and the memory is free."""
     import time
 
     import psutil
-    import torch
 
     from replaylib.engine_vllm import reap_leftover_engines
-    free_before = torch.cuda.mem_get_info()[0]
     ready = tmp_path / "ready.json"
-    stage = subprocess.Popen([sys.executable, __file__, "hold", str(ready)], cwd=REPO, env=_env())
-    deadline = time.monotonic() + 600
-    while not ready.exists() and stage.poll() is None and time.monotonic() < deadline:
-        time.sleep(1)
-    assert ready.exists(), "the engine did not start"
+    env = _env(tmp_path)
+    stage = subprocess.Popen([sys.executable, __file__, "hold", str(ready)], cwd=REPO, env=env)
+    assert _wait_until(lambda: ready.exists() or stage.poll() is not None, 600) and ready.exists(), \
+        "the engine did not start"
     cores = json.loads(ready.read_text())
     assert cores
     stage.kill()
     stage.wait()
     time.sleep(2)
     assert all(psutil.pid_exists(q) for q in cores)  # orphaned, still alive
-    held = free_before - torch.cuda.mem_get_info()[0]
-    assert held > 2**30, held  # and still holding its KV cache (gpu_memory_utilization 0.2 of the GPU)
-    stopped = reap_leftover_engines()
+    held = sum(gpu_memory_by_pid().get(q, 0) for q in cores)
+    assert held > 2**30, held  # and still holding its KV cache (kv_cache_gib 2)
+    os.environ["REPLAYLIB_ENGINE_REGISTRY"] = env["REPLAYLIB_ENGINE_REGISTRY"]
+    try:
+        stopped = reap_leftover_engines()
+    finally:
+        del os.environ["REPLAYLIB_ENGINE_REGISTRY"]
     assert {s["pid"] for s in stopped} == set(cores) and all(s["stopped"] for s in stopped)
-    time.sleep(2)
-    assert torch.cuda.mem_get_info()[0] > free_before - 2**30  # given back (what this test process holds aside)
+    assert _wait_until(lambda: not set(cores) & set(gpu_memory_by_pid()), 30)  # given back
+
+
+def _smoke_params_file(tmp_path, **changes) -> Path:
+    import yaml
+
+    from replaylib import params
+    values = {**smoke_params().to_dict(), **changes}
+    path = tmp_path / f"{values['config']}.yaml"
+    path.write_text(yaml.safe_dump(values, sort_keys=False))
+    params.load(path)  # valid
+    return path
+
+
+def test_a_run_s_stages_share_one_engine(tmp_path):
+    """Stages 01 and 03 of a run on one multi-process engine, started once: trunks regenerated bit for bit
+    and every exact request served from the cache, as with an engine per stage."""
+    import pandas as pd
+    path = _smoke_params_file(tmp_path, config="gpu-smoke-shared")
+    proc = subprocess.run([sys.executable, "-m", "replaylib.run", str(path), "--upto", "03", "--out",
+                           str(tmp_path / "out")], cwd=REPO, env=_env(tmp_path), capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads(next((tmp_path / "out" / "runs" / ".engines").glob("*/engines.json")).read_text())
+    assert len(record["servers"]) == 1, record
+    server = record["servers"][0]
+    assert [lease["stage"].split()[-1] for lease in server["leases"]] == ["01_sampling", "03_three_pass_replay"]
+    assert server["engine"]["serving"] == "multiprocess" and server["exit_code"] == 0
+    records = pd.read_parquet(tmp_path / "out" / "runs" / "gpu-smoke-shared" / "03_three_pass_replay" /
+                              "records.parquet")
+    assert len(records) > 0 and records.exact_ok.all()
+    assert (records.state_established == "regenerated, identical").all()
+    import psutil
+    assert not psutil.pid_exists(server["pid"]) and not _engine_pids(os.getpid())
+
+
+@pytest.mark.parametrize("what", ["runner", "campaign"])
+def test_a_run_killed_outright_leaves_no_engine_holding_gpu_memory(tmp_path, what):
+    """SIGKILL to the process whose broker leased the engines (a runner, or a campaign): its engine servers
+    see it gone, close their engines and exit; the engine cores end with them and the GPU memory is back."""
+    import signal
+
+    import psutil
+    import yaml
+    path = _smoke_params_file(tmp_path, config=f"gpu-smoke-killed-{what}")
+    if what == "runner":
+        cmd = [sys.executable, "-m", "replaylib.run", str(path), "--upto", "03", "--out", str(tmp_path / "out")]
+    else:
+        spec = {"name": "killed", "rows": [{"label": "main pooled", "params": [str(path)],
+                                           "published": "main pooled"}],
+                "invariant": {"label": "batch-invariant", "params": str(path), "published": "batch-invariant"},
+                "figure1": "main pooled", "figure3": [str(path)], "bootstrap_draws": 20}
+        (tmp_path / "campaign.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+        cmd = [sys.executable, "-m", "replaylib.campaign", str(tmp_path / "campaign.yaml"), "--out",
+               str(tmp_path / "out"), "--stages-only"]
+    run = subprocess.Popen(cmd, cwd=REPO, env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        engines = _wait_until(lambda: {pid for pid, role in _engine_pids(run.pid).items() if role == "core"}
+                              and _engine_pids(run.pid), 600)
+        assert engines and "server" in engines.values() and "core" in engines.values(), engines
+        held = _wait_until(lambda: sum(gpu_memory_by_pid().get(q, 0) for q in engines), 60)
+        assert held > 2**30, held
+        others = [p for p in _descendants(run.pid) if p.pid not in engines]
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+        assert _wait_until(lambda: not any(psutil.pid_exists(q) and psutil.Process(q).status() != psutil.STATUS_ZOMBIE
+                                           for q in engines), 120), engines
+        assert _wait_until(lambda: not set(engines) & set(gpu_memory_by_pid()), 30)
+    finally:
+        run.kill()
+        for proc in locals().get("others", []):  # the runner's kernels, orphaned by the kill
+            with __import__("contextlib").suppress(psutil.Error):
+                proc.kill()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,238 @@
+"""One vLLM engine per model and settings for the stages of a run or a campaign
+(replaylib.engine_service), on the CPU: the engine servers build the vLLM engine on the stand-in LLM
+(tests/vllm_standin.py) through the engine factory's test hook."""
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+import pandas as pd
+import psutil
+import pytest
+import yaml
+
+from replaylib import params, progress
+from replaylib.engine import FACTORY_ENV
+from replaylib.engine_service import BROKER_ENV, EngineBroker, EngineServiceError, ServedExecutor
+
+REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+
+FAKE = {"model": "tiny:0", "engine": "vllm", "device": "cuda", "vllm_serving": "inprocess", "kv_cache_gib": 1.0,
+        "stop_at_answer": False, "task": "gsm8k", "n_problems": 2, "screen_mixed": False, "n_rollouts": 3,
+        "max_trunk_tokens": 24, "top_logprobs": 3, "block_size": 4, "boundary_slack": 2, "pivot_window": 0,
+        "max_pivots_per_rollout": 2, "min_rollout_tokens": 8, "k": 2, "max_cont_tokens": 10, "probe_tokens": 4,
+        "invariant_problems": 1, "invariant_rollouts": 2, "invariant_pivots": 2, "invariant_max_cont_tokens": 8,
+        "invariant_max_trunk_tokens": 0, "bootstrap_draws": 20}
+
+
+@pytest.fixture
+def standin(monkeypatch, tmp_path):
+    """Engines built on the stand-in LLM, in this process and in the servers (which import it)."""
+    monkeypatch.setenv(FACTORY_ENV, "vllm_standin:make_engine")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(REPO)] +
+                                                     [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    monkeypatch.setenv("REPLAYLIB_ENGINE_REGISTRY", str(tmp_path / "registry"))
+    return tmp_path
+
+
+def fake_params(**changes):
+    return params.make({"config": "fake", **FAKE, **changes})
+
+
+def _engines_json(root: Path) -> dict:
+    found = sorted(root.glob("runs/.engines/*/engines.json"))
+    assert len(found) == 1, found
+    return json.loads(found[0].read_text())
+
+
+def _gone(pid: int, within_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_a_leased_engine_runs_units_with_their_progress_logs_and_errors(standin, caplog):
+    import vllm_standin
+    caplog.set_level(logging.INFO, logger="replaylib")
+    stage_dir = standin / "stage"
+    stage_dir.mkdir()
+    with EngineBroker(standin / "out") as broker, mock.patch.dict(os.environ, broker.env()):
+        ex = ServedExecutor(fake_params(), stage="01_sampling")
+        assert ex.lease_info["started_for_this_stage"] is True and ex.lease_info["server_pid"] != os.getpid()
+        bar = progress.bar(stage_dir, "units", 3, "unit")
+        answer = ex.call(vllm_standin.echo_unit, 7)
+        assert answer["pid"] == ex.lease_info["server_pid"] and answer["x"] == 7 and answer["config"] == "fake"
+        assert "unit 7 on config fake" in caplog.text  # the server's log line, in the stage
+        assert [r for _, r in ex.map(vllm_standin.echo_unit, [("a", (1,)), ("b", (2,))])][1]["x"] == 2
+        bar.close()
+        assert progress.read(stage_dir)["n"] == 3  # every unit's progress.update(1) reached the stage's bar
+        with pytest.raises(ValueError, match="unit 3 failed as asked") as raised:
+            ex.call(vllm_standin.echo_unit, 3, True)
+        assert any("engine server traceback" in n for n in raised.value.__notes__)
+        assert ex.call(vllm_standin.echo_unit, 4)["x"] == 4  # an error in a unit leaves the engine serving
+        with pytest.raises(ValueError, match="importable module"):
+            ex.call(lambda engine: engine)
+        ex.close()
+        again = ServedExecutor(fake_params(config="other", max_trunk_tokens=20), stage="03_three_pass_replay")
+        assert again.lease_info["server_pid"] == ex.lease_info["server_pid"]  # the same engine, reconfigured
+        assert again.lease_info["started_for_this_stage"] is False
+        assert again.call(vllm_standin.echo_unit, 0)["trunk_settings"]["max_new_tokens"] == 20
+        assert again.call(vllm_standin.echo_unit, 0)["config"] == "other"
+        invariant = ServedExecutor(fake_params(), invariant=True, stage="05_batch_invariant")
+        inprocess_pid = again.lease_info["server_pid"]
+        assert invariant.lease_info["server_pid"] != inprocess_pid  # another identity: another engine
+        again.close(), invariant.close()
+    assert _gone(inprocess_pid) and _gone(invariant.lease_info["server_pid"])
+    record = _engines_json(standin / "out")
+    assert [len(s["leases"]) for s in record["servers"]] == [2, 1]
+    assert [s["identity"]["batch_invariant"] for s in record["servers"]] == [False, True]
+    assert all(s["exit_code"] == 0 and s["stop_s"] >= 0 for s in record["servers"])
+
+
+def test_a_stage_refuses_an_engine_of_another_mode_or_model(standin, monkeypatch):
+    import vllm_standin
+    engine = vllm_standin.make_engine(fake_params())
+    for change in ({"vllm_serving": "multiprocess"}, {"model": "embedded:qwen2.5-coder-0.5b-instruct"},
+                   {"kv_cache_gib": 2.0}):
+        with pytest.raises(ValueError, match="built with other settings"):
+            engine.configure(fake_params(**change))
+    with EngineBroker(standin / "out") as broker, mock.patch.dict(os.environ, broker.env()):
+        real_lease = ServedExecutor._lease
+
+        def wrong_lease(self, p, invariant, stage):
+            info = real_lease(self, p, invariant, stage)
+            return {**info, "identity": {**info["identity"], "serving": "multiprocess"}}
+        monkeypatch.setattr(ServedExecutor, "_lease", wrong_lease)
+        with pytest.raises(EngineServiceError, match="another identity.*serving"):
+            ServedExecutor(fake_params(), stage="03_three_pass_replay")
+
+
+def test_an_engine_that_cannot_start_is_the_stage_s_one_line_error(standin, monkeypatch):
+    monkeypatch.delenv(FACTORY_ENV)
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with EngineBroker(standin / "out") as broker, mock.patch.dict(os.environ, broker.env()):
+        from replaylib.engine import EngineUnavailable
+        with pytest.raises(EngineUnavailable, match="engine 'vllm' needs"):
+            ServedExecutor(fake_params(), stage="01_sampling")
+
+
+def _client_script(tmp_path: Path, body: str) -> Path:
+    script = tmp_path / "client.py"
+    script.write_text("import os, sys, time\nsys.path[:0] = [%r, %r]\n" % (str(TESTS), str(REPO)) +
+                      "from replaylib import params\nfrom replaylib.engine_service import EngineBroker, ServedExecutor\n"
+                      "import vllm_standin\n"
+                      f"p = params.make({{'config': 'fake', **{FAKE!r}}})\n" + body)
+    return script
+
+
+def test_a_stage_killed_mid_unit_leaves_its_engine_to_the_next_stage(standin):
+    ready = standin / "ready"
+    with EngineBroker(standin / "out") as broker, mock.patch.dict(os.environ, broker.env()):
+        script = _client_script(standin, f"ex = ServedExecutor(p, stage='03')\nprint(ex.lease_info['server_pid'], "
+                                         f"flush=True)\nex.call(vllm_standin.slow_unit, 3.0, {str(ready)!r})\n")
+        stage = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+        server = int(stage.stdout.readline())
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ready.exists()
+        stage.kill()  # as the OOM killer would, in the middle of the unit
+        stage.wait()
+        nxt = ServedExecutor(fake_params(), stage="03")  # waits for the unit to end, then gets the same engine
+        assert nxt.lease_info["server_pid"] == server and nxt.lease_info["started_for_this_stage"] is False
+        assert nxt.call(__import__("vllm_standin").echo_unit, 1)["x"] == 1
+        nxt.close()
+    assert _gone(server)
+
+
+def test_an_engine_server_stops_itself_when_its_run_is_killed(standin):
+    script = _client_script(standin, f"b = EngineBroker({str(standin / 'out')!r})\n"
+                                     "os.environ.update(b.env())\nex = ServedExecutor(p, stage='01')\n"
+                                     "print(ex.lease_info['server_pid'], flush=True)\ntime.sleep(120)\n")
+    run = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    server = int(run.stdout.readline())
+    assert psutil.pid_exists(server)
+    run.send_signal(signal.SIGKILL)  # the runner or campaign killed outright: nothing stops its engines...
+    run.wait()
+    assert _gone(server, within_s=15)  # ...but the server watches the process that started it
+
+
+# --------------------------------------------------------------------------- through the runner and campaigns
+
+def _write_params(path: Path, values: dict) -> Path:
+    path.write_text(yaml.safe_dump(values, sort_keys=False))
+    return path
+
+
+def _run(args: list, env_root: Path) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=os.environ.copy(), capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_a_run_s_stages_share_one_engine_and_compute_what_engines_of_their_own_compute(standin):
+    shared = _write_params(standin / "fake-shared.yaml", {"config": "fake", **FAKE})
+    own = _write_params(standin / "fake-own.yaml", {"config": "fake", **FAKE, "shared_engine": False})
+    for path, out in ((shared, "A"), (own, "B")):
+        _run(["replaylib.run", str(path), "--upto", "03", "--out", str(standin / out)], standin)
+    record = _engines_json(standin / "A")
+    assert len(record["servers"]) == 1  # stages 01 and 03 on one engine, started once
+    assert [lease["stage"] for lease in record["servers"][0]["leases"]] == ["fake 01_sampling",
+                                                                            "fake 03_three_pass_replay"]
+    assert not (standin / "B" / "runs" / ".engines").exists()
+    for stage, started in (("01_sampling", True), ("03_three_pass_replay", False)):
+        manifest = json.loads((standin / "A" / "runs" / "fake" / stage / "manifest.json").read_text())
+        assert manifest["engine_lease"]["started_for_this_stage"] is started
+    for stage, name in (("01_sampling", "trunks.parquet"), ("02_pivot_mining", "pivots.parquet"),
+                        ("03_three_pass_replay", "records.parquet")):
+        a, b = (standin / out / "runs" / "fake" / stage / name for out in "AB")
+        assert a.read_bytes() == b.read_bytes(), name
+    records = pd.read_parquet(standin / "A" / "runs" / "fake" / "03_three_pass_replay" / "records.parquet")
+    assert len(records) > 0 and records.exact_ok.all()
+    assert (records.state_established == "regenerated, identical").all()
+
+
+def test_a_campaign_shares_engines_across_configurations_each_with_its_own_trunks(standin):
+    """Two configurations with the same engine settings and different trunk lengths, side by side, and the
+    first one's batch-invariant stage as a job of its own: every pivot of the second must resume the trunks
+    it sampled itself (its replay re-establishes them with its own trunk settings, on an engine another
+    configuration may have configured last)."""
+    a = _write_params(standin / "fake-a.yaml", {"config": "fake-a", **FAKE})
+    b = _write_params(standin / "fake-b.yaml", {"config": "fake-b", **FAKE, "max_trunk_tokens": 20,
+                                                "problem_start": 2})
+    spec = {"name": "fake", "rows": [{"label": "main pooled", "params": [str(a), str(b)], "published": "main pooled"}],
+            "invariant": {"label": "batch-invariant", "params": str(a), "published": "batch-invariant"},
+            "figure1": "main pooled", "figure3": [str(a)], "bootstrap_draws": 20, "concurrent_configs": 3}
+    path = standin / "campaign-fake.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    out = standin / "out"
+    _run(["replaylib.campaign", str(path), "--out", str(out), "--stages-only"], standin)
+    for config in ("fake-a", "fake-b"):
+        records = pd.read_parquet(out / "runs" / config / "03_three_pass_replay" / "records.parquet")
+        assert len(records) > 0 and records.exact_ok.all(), config
+        assert (records.state_established == "regenerated, identical").all(), config
+    trunks = pd.read_parquet(out / "runs" / "fake-b" / "01_sampling" / "trunks.parquet")
+    assert trunks.n_tokens.max() <= 20
+    assert (out / "runs" / "campaign-fake" / "logs" / "fake-a-05_batch_invariant.log").exists()
+    assert json.loads((out / "runs" / "fake-a" / "05_batch_invariant" / "invariant.json").read_text())["all_identical"]
+    record = _engines_json(out)
+    stock = [s for s in record["servers"] if not s["identity"]["batch_invariant"]]
+    invariant = [s for s in record["servers"] if s["identity"]["batch_invariant"]]
+    leases = sorted(lease["stage"] for s in stock for lease in s["leases"])
+    assert leases == ["fake-a 01_sampling", "fake-a 03_three_pass_replay", "fake-b 01_sampling",
+                      "fake-b 03_three_pass_replay"]
+    assert len(stock) <= 2 < len(leases)  # shared across stages and configurations
+    assert [lease["stage"] for s in invariant for lease in s["leases"]] == ["fake-a 05_batch_invariant"]
