@@ -124,8 +124,13 @@ def test_campaign_statistics_are_stale_aware(runs, capsys):
 def test_executor_values_are_in_no_stage_key():
     base = params.load(REPO / "params" / "tiny.yaml")
     other = params.make({**base.to_dict(), "executor": "ray", "ray_workers": 7, "ray_address": "auto",
-                         "gpus_per_worker": 0.5})
+                         "gpus_per_worker": 0.5, "shared_engine": False})
+    assert set(params.EXECUTOR_KEYS) <= {k for k, v in other.to_dict().items() if v != base.to_dict()[k]}
     assert all(base.stage_key(s) == other.stage_key(s) for s in STAGES)
+    for path in sorted((REPO / "params").glob("paper-*.yaml")):  # where an engine lives: no key of the paper's runs
+        paper = params.load(path)
+        alone = params.make({**paper.to_dict(), "shared_engine": False}, scope=())
+        assert all(paper.stage_key(s) == alone.stage_key(s) for s in STAGES), path
     with pytest.raises(ValueError, match="'executor' is 'dask'"):
         params.make({"executor": "dask"})
     with pytest.raises(ValueError, match="'ray_workers' is 0"):

@@ -307,9 +307,12 @@ def test_a_run_killed_outright_leaves_no_engine_holding_gpu_memory(tmp_path, wha
         engines = _wait_until(lambda: {pid for pid, role in _engine_pids(run.pid).items() if role == "core"}
                               and _engine_pids(run.pid), 600)
         assert engines and "server" in engines.values() and "core" in engines.values(), engines
-        held = _wait_until(lambda: sum(gpu_memory_by_pid().get(q, 0) for q in engines), 60)
+        # the engine core appears before it allocates its KV cache (kv_cache_gib 2): wait until it holds it
+        held = _wait_until(lambda: sum(gpu_memory_by_pid().get(q, 0) for q in engines) > 2**30 and
+                           sum(gpu_memory_by_pid().get(q, 0) for q in engines), 300)
         assert held > 2**30, held
         others = [p for p in _descendants(run.pid) if p.pid not in engines]
+        assert run.poll() is None, "the run ended before it could be killed"
         run.send_signal(signal.SIGKILL)
         run.wait()
         assert _wait_until(lambda: not any(psutil.pid_exists(q) and psutil.Process(q).status() != psutil.STATUS_ZOMBIE
