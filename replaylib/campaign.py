@@ -436,6 +436,7 @@ def main(argv=None) -> int:
                     help="run the configurations' stages, not the campaign statistics (which can run later, "
                          "elsewhere, from the same runs/: e.g. stages on a GPU machine, statistics on a laptop)")
     args = ap.parse_intermixed_args(argv)
+    out = out_root(args.out)  # absolute, once: the runners and the statistics notebook run in the repository
     overrides = {"executor": args.executor, "ray_workers": args.ray_workers, "ray_address": args.ray_address,
                  "gpus_per_worker": args.gpus_per_worker}
     from . import run as runner
@@ -446,7 +447,7 @@ def main(argv=None) -> int:
             return 0
         todo = {}
         for name, p in c.configs.items():
-            steps = runner.plan(p, [], args.force, args.out, c.stages_needed(name))
+            steps = runner.plan(p, [], args.force, out, c.stages_needed(name))
             if steps:
                 todo[name] = steps
     except (ValueError, FileNotFoundError) as e:
@@ -460,12 +461,12 @@ def main(argv=None) -> int:
             print(f"[campaign] {c.label}: {name} {stage}: {'would ' + verb if args.dry_run else 'to ' + verb} "
                   f"({reason})")
     if args.dry_run:
-        reason = "configurations rerun" if todo else (statistics_staleness(c, args.out) or
+        reason = "configurations rerun" if todo else (statistics_staleness(c, out) or
                                                       ("forced" if args.force else None))
         print(f"[campaign] {c.label}: statistics: " + (f"would run ({reason})" if reason else "up to date"))
         return 0
     if todo:
-        failed = run_configs(c, list(todo), args.out, args.force)
+        failed = run_configs(c, list(todo), out, args.force)
         if failed:
             print(f"error: {c.label}: configuration {', '.join(failed)} failed (see its stage notebook under "
                   f"runs/{failed[0]}/); fix it and rerun the campaign: finished stages are kept", file=sys.stderr)
@@ -474,20 +475,20 @@ def main(argv=None) -> int:
         print(f"[campaign] {c.label}: stages done; statistics left for later (python -m replaylib.campaign "
               f"{args.campaign}" + (f" --out {args.out}" if args.out else "") + ")")
         return 0
-    reason = statistics_staleness(c, args.out) or ("forced" if args.force else None)
+    reason = statistics_staleness(c, out) or ("forced" if args.force else None)
     if not reason:
         print(f"[campaign] {c.label}: statistics up to date")
         return 0
     print(f"[campaign] {c.label}: statistics ({reason})", flush=True)
     try:
-        output = execute_statistics(c, args.out)
+        output = execute_statistics(c, out)
     except Exception as e:  # papermill's error carries the cell's traceback; keep the console to one line
         evalue = str(getattr(e, "evalue", e)).strip().splitlines()
         print(f"error: {c.label} statistics failed: {getattr(e, 'ename', type(e).__name__)}: "
-              f"{evalue[-1] if evalue else ''} (see {out_root(args.out) / 'runs' / c.label / (NOTEBOOK + '.ipynb')})",
+              f"{evalue[-1] if evalue else ''} (see {out / 'runs' / c.label / (NOTEBOOK + '.ipynb')})",
               file=sys.stderr)
         return 1
-    tdir = tables_dir(c.label, args.out)
+    tdir = tables_dir(c.label, out)
     print(f"[campaign] {c.label}: done -> {tdir / 'live_vs_published.md'}, {tdir / 'tab1_main.md'} ({output.name})")
     return 0
 

@@ -366,14 +366,15 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="say what would run, run nothing")
     ap.add_argument("--html", action="store_true", help="then build the report site, site/<config>/index.html")
     args = ap.parse_intermixed_args(argv)
+    out = out_root(args.out)  # absolute, once: the stages' kernels run in the repository
     try:
         params = load(args.params)
         named = [resolve_stage(s) for s in args.stages]
-        todo = plan(params, named, args.force, args.out, [resolve_stage(s) for s in args.upto or []])
+        todo = plan(params, named, args.force, out, [resolve_stage(s) for s in args.upto or []])
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    runs = out_root(args.out) / "runs" / params.config
+    runs = out / "runs" / params.config
     if args.dry_run:
         for stage, reason in todo:
             print(f"[replaylib] config {params.config}, stage {stage}: would run ({reason})")
@@ -393,7 +394,7 @@ def main(argv=None) -> int:
         for stage, reason in todo:
             start = time.time()
             try:
-                execute(params, stage, args.out, fresh=args.force or reason == "named", params_file=args.params)
+                execute(params, stage, out, fresh=args.force or reason == "named", params_file=args.params)
             except (KeyboardInterrupt, Terminated) as e:
                 why = "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else "terminated (SIGTERM)"
                 print(stop_summary(params, stage, "STOPPED", why, start, ran, args, runs), file=sys.stderr)
@@ -411,11 +412,11 @@ def main(argv=None) -> int:
     if args.html:
         from . import site
         try:
-            index = site.build(params.config, args.out)
+            index = site.build(params.config, out)
         except (ValueError, OSError) as e:
             print(f"error: report site: {e}", file=sys.stderr)
             return 1
-    print(closing_summary(params, args.out, ran, index), flush=True)
+    print(closing_summary(params, out, ran, index), flush=True)
     return 0
 
 

@@ -35,14 +35,16 @@ from .progress import RUNNER_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = Path(__file__).resolve().parent
-DEFAULT_OUT = Path(os.environ.get("REPLAYLIB_OUT", REPO))
+# absolute from the start: a stage's kernel runs in the repository, not in the directory the runner was started in
+DEFAULT_OUT = Path(os.path.abspath(os.environ.get("REPLAYLIB_OUT", REPO)))
 MIN_FREE_BYTES = 200 * 2**20
 RESUME_FILE = "resume.json"
 KEEP_SUFFIXES = (".ipynb", ".log")  # the runner's executed notebook and log, written while the stage runs
 
 
 def out_root(out_dir: str | Path | None = None) -> Path:
-    return Path(out_dir) if out_dir else DEFAULT_OUT
+    """The output root as an absolute path (a relative one is taken from the working directory, once)."""
+    return Path(os.path.abspath(out_dir)) if out_dir else DEFAULT_OUT
 
 
 def figures_dir(config: str, out_dir=None) -> Path:

@@ -120,6 +120,32 @@ def test_a_second_runner_on_the_same_stage_stops_at_once(run, capsys):
     assert rundir.sha256_file(records_file) == before and (run / REPLAY / "DONE").exists()
 
 
+def test_a_relative_out_is_resolved_before_anything_starts(tmp_path, monkeypatch):
+    """From another directory, --out . is that directory for the runner, for the stage's kernel (which runs
+    in the repository) and for a campaign's runners and statistics notebook."""
+    import papermill
+    given = []
+
+    def execute_notebook(notebook, output, parameters=None, **kwargs):
+        given.append(parameters)
+        raise RuntimeError("the stand-in runs nothing")
+
+    monkeypatch.setattr(papermill, "execute_notebook", execute_notebook)
+    monkeypatch.chdir(tmp_path)
+    assert main([str(TINY), "--upto", "01", "--out", "."]) == 1
+    assert given[-1]["out_dir"] == str(tmp_path)
+    assert (tmp_path / "runs/tiny/01_sampling/run.log").exists()
+    c = campaign.load(REPO / "params/campaign-tiny.yaml")
+    with pytest.raises(RuntimeError, match="stand-in"):
+        campaign.execute_statistics(c, ".")
+    assert given[-1]["out_dir"] == str(tmp_path)
+    commands = []
+    monkeypatch.setattr(campaign.subprocess, "run", lambda cmd, **kw: commands.append(cmd) or
+                        subprocess.CompletedProcess(cmd, 0))
+    campaign._run_config(c, next(iter(c.configs)), ".", force=True, log_to_file=False)
+    assert commands[-1][commands[-1].index("--out") + 1] == str(tmp_path)
+
+
 # ---------------------------------------------------------------- injection and paths
 
 PAYLOADS = ('"><img src=x onerror="document.title=\'INJECTED\'">', "<script>document.title='INJECTED'</script>")
