@@ -50,8 +50,9 @@ from . import records as rec
 from . import live_vs_published
 from .params import EXECUTOR_KEYS, Params, read_mapping
 from .stages import CAMPAIGN, RUN_ORDER
-from .rundir import (REPO, atomic_write_bytes, changed_outputs, code_fingerprint, copy_stage,
-                     figures_dir, out_root, sha256_file, tables_dir, write_finished)
+from .rundir import (REPO, atomic_save, atomic_write_bytes, changed_outputs, code_fingerprint, copy_stage,
+                     execute_notebook, figures_dir, open_new, out_root, sha256_file, tables_dir,
+                     write_finished)
 
 NOTEBOOK = CAMPAIGN.name
 TOP_KEYS = {"name", "note", "rows", "invariant", "figure1", "figure3", "bootstrap_draws", "concurrent_configs",
@@ -238,7 +239,7 @@ def statistics(c: Campaign, out_dir=None) -> dict:
     table = live_vs_published.compare(c, rows, c.bootstrap_draws)
     claims = live_vs_published.verdicts(c, rows)
     csv = tdir / "live_vs_published.csv"
-    table.to_csv(csv, index=False)
+    atomic_save(csv, lambda tmp: table.to_csv(tmp, index=False))
     md = tdir / "live_vs_published.md"
     atomic_write_bytes(md, live_vs_published.comparison_markdown(c, table, claims).encode())
     products += [csv, md]
@@ -347,7 +348,7 @@ def _run_config(c: Campaign, name: str, out_dir, force: bool, log_to_file: bool,
         return name, subprocess.run(cmd, cwd=REPO, env=env).returncode, ""
     log = out_root(out_dir) / "runs" / c.label / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as f:
+    with open_new(log) as f:
         rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
     return name, rc, str(log)
 
@@ -411,13 +412,10 @@ def run_configs(c: Campaign, todo: list[str], out_dir=None, force: bool = False)
 
 def execute_statistics(c: Campaign, out_dir=None) -> Path:
     """Run notebooks/06_campaign.ipynb with papermill; returns the executed notebook."""
-    import papermill
     from .rundir import notebook_path
     output = out_root(out_dir) / "runs" / c.label / f"{NOTEBOOK}.ipynb"
     output.parent.mkdir(parents=True, exist_ok=True)
-    papermill.execute_notebook(str(notebook_path(NOTEBOOK)), str(output),
-                               parameters={"campaign": str(c.path), "out_dir": str(out_root(out_dir))},
-                               cwd=str(REPO), kernel_name="python3", progress_bar=False, log_output=False)
+    execute_notebook(notebook_path(NOTEBOOK), output, {"campaign": str(c.path), "out_dir": str(out_root(out_dir))})
     return output
 
 

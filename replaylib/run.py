@@ -35,7 +35,8 @@ from . import progress
 from .params import Params, load
 from .stages import ALIASES, RUN_ORDER, STAGES
 from .rundir import (LOCK_TOKEN_ENV, PARAMS_FILE_ENV, REPO, StageDir, StageLock, atomic_write_json, changed_outputs,
-                     code_fingerprint, figures_dir, is_done, notebook_path, out_root, tables_dir)
+                     code_fingerprint, execute_notebook, figures_dir, is_done, notebook_path, open_new, out_root,
+                     tables_dir)
 
 def notebook(stage: str) -> Path:
     return notebook_path(stage)
@@ -120,8 +121,8 @@ def quiet(log_path: Path):
     """Send everything written to file descriptors 1 and 2 (the kernel's warnings, third-party
     messages) to log_path; yields a stream on the original stderr for the progress line."""
     sys.stdout.flush(), sys.stderr.flush()
+    log = open_new(log_path)
     saved = os.dup(1), os.dup(2)
-    log = open(log_path, "w")
     term = os.fdopen(os.dup(saved[1]), "w", buffering=1)
     os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
     try:
@@ -198,7 +199,6 @@ def execute(params: Params, stage: str, out_dir, fresh: bool = False, params_fil
 
 
 def _execute(params: Params, stage: str, out_dir, stage_dir: Path, env: dict, params_file) -> Path:
-    import papermill
     declared = declared_parameters(stage)
     values = {**params.to_dict(), **params.notebook_values(stage), "out_dir": str(out_root(out_dir))}
     parameters = {k: values[k] for k in declared if k in values}
@@ -214,9 +214,7 @@ def _execute(params: Params, stage: str, out_dir, stage_dir: Path, env: dict, pa
         follower = threading.Thread(target=line.follow, args=(stop,), daemon=True)
         follower.start()
         try:
-            off_the_main_thread(lambda: papermill.execute_notebook(
-                str(notebook(stage)), str(output), parameters=parameters, cwd=str(REPO), kernel_name="python3",
-                progress_bar=False, log_output=False))
+            off_the_main_thread(lambda: execute_notebook(notebook(stage), output, parameters))
             failed = False
         finally:
             stop.set()

@@ -60,18 +60,25 @@ os.umask(_UMASK)
 FILE_MODE = 0o666 & ~_UMASK  # what open() would give: a shared results directory keeps its group's access
 
 
-def _no_space(path: Path, e: OSError) -> OSError:
-    """A write error naming the file (a full disk names none by itself)."""
-    if e.errno == errno.ENOSPC:
-        return OSError(e.errno, f"{path}: no space left on the disk; free space or set REPLAYLIB_OUT (or --out) "
-                                f"to another disk")
-    return OSError(e.errno, f"{path}: cannot write ({e.strerror or e})")
+def _no_space(path: Path, e: OSError, tmp=None) -> OSError:
+    """A write error naming the file written (a full disk names none by itself; a temporary file is not
+    what the user knows)."""
+    if e.errno == errno.ENOSPC or "No space left" in str(e):
+        return OSError(errno.ENOSPC, f"{path}: no space left on the disk; free space or set REPLAYLIB_OUT (or "
+                                     f"--out) to another disk")
+    detail = e.strerror or str(e)
+    if tmp is not None:
+        detail = detail.replace(str(tmp), str(path))
+    return OSError(e.errno, f"{path}: cannot write ({detail})")
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary file beside path, then rename it over path: a reader sees the old bytes or the
+    new ones, and a symbolic link at path is replaced, never written through."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         os.fchmod(fd, FILE_MODE)  # mkstemp creates 0600
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -79,11 +86,29 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise _no_space(path, e) from None
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
+        raise _no_space(path, e, tmp) from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_copy(src: Path, dst: Path) -> None:
+    """Copy a file's bytes to dst as atomic_write_bytes writes them (a link at dst is replaced)."""
+    atomic_write_bytes(Path(dst), Path(src).read_bytes())
+
+
+def open_new(path: Path):
+    """A text file opened for writing from empty, for a log: whatever is at path (a symbolic link
+    included) is replaced, never written through."""
+    try:
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+    except OSError as e:
+        raise _no_space(path, e) from None
+    return os.fdopen(fd, "w")
 
 
 def atomic_write_json(path: Path, obj) -> None:
@@ -95,15 +120,38 @@ def atomic_save(path: Path, writer) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
+        tmp.unlink(missing_ok=True)  # the writer opens the name: nothing may stand there, a link least of all
         writer(tmp)
         os.chmod(tmp, FILE_MODE)  # some writers (safetensors) create 0600
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise _no_space(path, e) from None
+        raise _no_space(path, e, tmp) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def execute_notebook(notebook: Path, output: Path, parameters: dict) -> None:
+    """Execute a notebook with papermill into ``output``, which holds a whole notebook or is left as it
+    was: papermill writes a hidden copy beside it as the cells run, and that copy replaces ``output`` (a
+    link there included) once it reads back as JSON, whether the notebook failed or not."""
+    import papermill
+    running = output.with_name(f".{output.stem}.running.ipynb")
+    running.unlink(missing_ok=True)
+    try:
+        papermill.execute_notebook(str(notebook), str(running), parameters=parameters, cwd=str(REPO),
+                                   kernel_name="python3", progress_bar=False, log_output=False)
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise _no_space(output, e, running) from None  # papermill's own write of the notebook names no file
+    finally:
+        try:
+            json.loads(running.read_text())
+            os.replace(running, output)
+        except (OSError, ValueError):
+            running.unlink(missing_ok=True)
 
 
 def git_state() -> dict:
@@ -273,10 +321,16 @@ class StageLock:
             return self
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE)
         except OSError as e:
             raise OSError(f"{self.path.parent}: cannot create the run directory ({e.strerror or e}); fix the path "
                           f"or set REPLAYLIB_OUT") from None
+        try:
+            if self.path.is_symlink():  # a lock is a plain file: a link planted here is replaced, not written through
+                self.path.unlink()
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
+        except OSError as e:
+            raise OSError(f"{self.path}: cannot open the stage's lock ({e.strerror or e}); remove what is there "
+                          f"(a lock is a plain file)") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -439,6 +493,7 @@ class StageDir:
             raise OSError(f"{self.path}: run directory not writable ({e.strerror}); fix permissions "
                           f"or set REPLAYLIB_OUT") from None
         (self.path / "DONE").unlink(missing_ok=True)
+        remove_links(self.path)  # the stage writes plain files: a link planted here is never written through
         for stale in self.path.rglob(".*.tmp"):  # half-written files of a killed run
             stale.unlink(missing_ok=True)
         self.resume_key = hashlib.sha256(json.dumps(
@@ -455,11 +510,19 @@ class StageDir:
             "data_sha256": {self.params.task: task_data_sha256(self.params.task)}})
 
     def clear(self) -> None:
-        """Remove every result in the stage directory (the executed notebook and logs stay)."""
-        for child in self.path.iterdir():
-            if child.name.endswith(KEEP_SUFFIXES):
-                continue
-            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        """Remove every result in the stage directory (the executed notebook and logs stay). DONE goes
+        first, so that a clear that stops midway never leaves a finished mark beside missing outputs; a
+        symbolic link is removed, never followed."""
+        try:
+            (self.path / "DONE").unlink(missing_ok=True)
+            for child in self.path.iterdir():
+                if child.name.endswith(KEEP_SUFFIXES) and not child.is_symlink():
+                    continue
+                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        except OSError as e:
+            where = e.filename or self.path
+            raise OSError(e.errno, f"{where}: cannot remove it while clearing {self.path} ({e.strerror or e}); "
+                                   f"remove it by hand and rerun") from None
 
     def _recorded_resume(self) -> dict:
         try:
@@ -501,6 +564,14 @@ class StageDir:
         return manifest
 
 
+def remove_links(directory: Path) -> None:
+    """Remove every symbolic link under a directory (not following any)."""
+    for where, dirs, files in os.walk(directory):
+        for name in dirs + files:
+            if os.path.islink(os.path.join(where, name)):
+                os.unlink(os.path.join(where, name))
+
+
 def write_finished(path: Path, manifest: dict) -> None:
     """A finished stage (or a campaign's statistics): the manifest, then DONE, written last."""
     atomic_write_json(path / "manifest.json", manifest)
@@ -517,7 +588,8 @@ def copy_stage(src: Path, dst: Path, dst_config: str, out_dir=None) -> None:
     src_config = src.parent.name
     tmp = dst.parent / f".{dst.name}.copy-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(".*.tmp", ".write-test-*"))
+    shutil.copytree(src, tmp, symlinks=True, ignore=shutil.ignore_patterns(".*.tmp", ".write-test-*"))
+    remove_links(tmp)  # a stage holds plain files: nothing a link points to is copied in
     recorded = json.loads((tmp / "params.json").read_text())
     atomic_write_json(tmp / "params.json", {**recorded, "config": dst_config})
     manifest = json.loads((tmp / "manifest.json").read_text())
@@ -526,13 +598,11 @@ def copy_stage(src: Path, dst: Path, dst_config: str, out_dir=None) -> None:
         parts = rel.split("/")
         if len(parts) > 2 and parts[0] in ("figures", "tables") and parts[1] == src_config:
             parts[1] = dst_config
-            (root / "/".join(parts)).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(root / rel, root / "/".join(parts))
+            atomic_copy(root / rel, root / "/".join(parts))
         products["/".join(parts)] = digest
     for name in stage_entry(src.name).figures:  # what the stage's notebook drew, as the copy's own
         for f in (root / "figures" / src_config).glob(f"{name}.*"):
-            (root / "figures" / dst_config).mkdir(parents=True, exist_ok=True)
-            shutil.copy2(f, root / "figures" / dst_config / f.name)
+            atomic_copy(f, root / "figures" / dst_config / f.name)
     manifest.update({"config": dst_config, "copied_from": src.resolve().relative_to(root.resolve()).as_posix(),
                      **({"products": products} if products else {})})
     atomic_write_json(tmp / "manifest.json", manifest)

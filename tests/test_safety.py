@@ -146,6 +146,48 @@ def test_a_relative_out_is_resolved_before_anything_starts(tmp_path, monkeypatch
     assert commands[-1][commands[-1].index("--out") + 1] == str(tmp_path)
 
 
+def test_a_rerun_replaces_planted_links_and_writes_through_none(run, tmp_path):
+    """A finished stage's log, executed notebook and lock, and a figure, replaced by links to files
+    elsewhere: the rerun writes its own files in their place and leaves the targets as they were."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    planted = ["runs/tiny/02_pivot_mining/run.log", "runs/tiny/02_pivot_mining/02_pivot_mining.ipynb",
+               "runs/tiny/.locks/02_pivot_mining.lock", "figures/tiny/figS1_margins.png"]
+    for i, rel in enumerate(planted):
+        target = elsewhere / f"{i}-{Path(rel).name}"
+        target.write_text("not the run's")
+        (run / rel).unlink(missing_ok=True)
+        (run / rel).symlink_to(target)
+    assert main([str(TINY), "02", "--out", str(run)]) == 0
+    for i, rel in enumerate(planted):
+        assert (elsewhere / f"{i}-{Path(rel).name}").read_text() == "not the run's", rel
+        assert (run / rel).is_file() and not (run / rel).is_symlink(), rel
+    json.loads((run / planted[1]).read_text())  # the executed notebook, whole
+    assert rundir.verify_run(run / "runs" / "tiny") == []
+
+
+def test_a_linked_directory_in_a_finished_stage_is_removed_not_followed(run, tmp_path, monkeypatch):
+    """A link to a directory elsewhere planted in a finished stage: the rerun removes the link, deletes
+    nothing it points to, and finishes; a clear that stops midway leaves no DONE beside missing outputs."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "precious.txt").write_text("keep")
+    stage = run / "runs/tiny/02_pivot_mining"
+    (stage / "x").symlink_to(elsewhere)
+    assert main([str(TINY), "02", "--out", str(run)]) == 0
+    assert (elsewhere / "precious.txt").read_text() == "keep" and not (stage / "x").exists()
+    assert rundir.verify_run(run / "runs" / "tiny") == []
+    (stage / "x").mkdir()
+
+    def refuse(path, *a, **k):
+        raise OSError(errno.EBUSY, "Device or resource busy", str(path))
+    monkeypatch.setattr(rundir.shutil, "rmtree", refuse)
+    with pytest.raises(OSError) as e:
+        rundir.StageDir(params.load(TINY), "02_pivot_mining", run).clear()
+    assert str(stage / "x") in str(e.value) and "\n" not in str(e.value)
+    assert not (stage / "DONE").exists()
+
+
 # ---------------------------------------------------------------- injection and paths
 
 PAYLOADS = ('"><img src=x onerror="document.title=\'INJECTED\'">', "<script>document.title='INJECTED'</script>")
@@ -454,6 +496,47 @@ def test_a_full_disk_names_the_file(tmp_path, monkeypatch):
         rundir.atomic_write_json(target, {"a": 1})
     assert str(target) in str(e.value) and "no space left" in str(e.value)
     assert not list(tmp_path.glob(".x.json*"))  # nothing half-written
+
+
+def test_a_full_disk_mid_stage_names_the_file_and_leaves_a_whole_notebook(tmp_path, monkeypatch, capsys):
+    """papermill writing the executed notebook hits a full disk: the summary names the notebook, and the
+    notebook it points to is whole JSON or absent, never half-written; a figure on a full disk names itself."""
+    import papermill
+
+    def execute_notebook(notebook, output, **kwargs):
+        Path(output).write_text('{"cells": [')  # half of a notebook
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(papermill, "execute_notebook", execute_notebook)
+    assert main([str(TINY), "--upto", "01", "--out", str(tmp_path)]) == 1
+    nb = tmp_path / "runs/tiny/01_sampling/01_sampling.ipynb"
+    err = capsys.readouterr().err
+    assert f"{nb}: no space left on the disk" in err and "Traceback" not in err
+    assert not nb.exists() or json.loads(nb.read_text())
+    from replaylib import plotting
+    import matplotlib.pyplot as plt
+    fig, _ = plt.subplots()
+    monkeypatch.setattr(fig, "savefig", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space")))
+    with pytest.raises(OSError, match=f"{tmp_path / 'figs' / 'f.pdf'}: no space left"):
+        plotting.save_figure(fig, "f", tmp_path / "figs")
+    plt.close(fig)
+
+
+def test_a_write_error_names_the_file_not_its_temporary_name(tmp_path, monkeypatch):
+    target = tmp_path / "x.json"
+
+    def no_temp(dir, prefix, suffix):
+        raise PermissionError(errno.EACCES, "Permission denied", f"{dir}/{prefix}abc{suffix}")
+    monkeypatch.setattr(rundir.tempfile, "mkstemp", no_temp)
+    with pytest.raises(OSError) as e:
+        rundir.atomic_write_json(target, {"a": 1})
+    assert str(target) in str(e.value) and ".tmp" not in str(e.value)
+
+    def writer(tmp):  # pyarrow's way: the message names the file it opened, with no errno
+        raise OSError(f"Failed to open local file '{tmp}'. Detail: [errno 13] Permission denied")
+    with pytest.raises(OSError) as e:
+        rundir.atomic_save(tmp_path / "t.parquet", writer)
+    assert str(tmp_path / "t.parquet") in str(e.value) and ".tmp" not in str(e.value)
 
 
 def test_campaign_and_power_values_are_one_line(tmp_path, capsys):
