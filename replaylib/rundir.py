@@ -16,6 +16,7 @@ import ast
 import errno
 import fcntl
 import hashlib
+import hmac
 import json
 import os
 import platform
@@ -31,7 +32,6 @@ from pathlib import Path
 from .data import sha256_file  # noqa: F401  (re-exported: stats and tests use rundir.sha256_file)
 from .params import Params
 from .stages import RUN_ORDER, STAGES, stage as stage_entry
-from .progress import RUNNER_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = Path(__file__).resolve().parent
@@ -293,21 +293,28 @@ def rerun_command(params: Params, stage: str, out_dir=None) -> str:
     return f"python -m replaylib.run {src} {stage}{out}"
 
 
+def _token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
 class StageLock:
     """One runner at a time per configuration and stage: an exclusive flock on
     runs/<config>/.locks/<stage>.lock, held from the stage's start to its end (released with the
     process, whatever kills it). The runner takes it before it clears or starts a stage and hands it
-    to the stage's kernel by a token in the environment."""
+    to the stage's kernel by a token in the environment; the lock file records only the token's
+    sha256, so reading the file gives no one the token."""
 
     def __init__(self, root: Path, config: str, stage: str):
         self.path = root / "runs" / config / ".locks" / f"{stage}.lock"
         self.config, self.stage, self.fd = config, stage, None
+        self.handed = False  # held for us by the runner that started this process
 
     def holder(self) -> dict:
         try:
-            return json.loads(self.path.read_text() or "{}")
-        except (OSError, json.JSONDecodeError):
+            holder = json.loads(self.path.read_text() or "{}")
+        except (OSError, ValueError):
             return {}
+        return holder if isinstance(holder, dict) else {}
 
     def acquire(self, token: str | None = None, reentrant: bool = False) -> "StageLock":
         """Take the lock, or raise StageBusy naming who holds it; a lock its holder handed to us (the
@@ -336,13 +343,15 @@ class StageLock:
         except BlockingIOError:
             os.close(fd)
             holder = self.holder()
-            if token and holder.get("token") == token:
-                return self  # the runner that started this kernel holds it for us
+            if token and hmac.compare_digest(str(holder.get("token_sha256", "")), _token_digest(token)):
+                self.handed = True  # the runner that started this kernel holds it for us
+                return self
             raise StageBusy(f"another runner (pid {holder.get('pid', '?')}) is running {self.stage} of "
                             f"{self.config} ({self.path}); wait for it to finish, or stop it (a notebook kernel "
                             f"that ran the stage holds it until the kernel ends)") from None
         os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "token": token or "", "started": time.time()}).encode())
+        os.write(fd, json.dumps({"pid": os.getpid(), "token_sha256": _token_digest(token) if token else "",
+                                 "started": time.time()}).encode())
         self.fd = _HELD[str(self.path)] = fd
         return self
 
@@ -442,9 +451,9 @@ class StageDir:
 
     def _refuse_replacing(self) -> None:
         """A finished stage made with other parameters is replaced only by the runner (whose plan says
-        so: its parameters changed); a notebook or a direct papermill run with changed values stops and
-        says how to keep both."""
-        if os.environ.get(RUNNER_ENV) or not (self.path / "DONE").exists():
+        so: its parameters changed, and which handed this process the stage's lock); a notebook or a direct
+        papermill run with changed values stops and says how to keep both."""
+        if self.lock.handed or not (self.path / "DONE").exists():
             return
         try:
             recorded = json.loads((self.path / "params.json").read_text())
@@ -463,10 +472,10 @@ class StageDir:
 
     # -- writing this stage
     def begin(self) -> "StageDir":
-        self._refuse_replacing()
         self.lock = StageLock(self.root.parent.parent, self.params.config, self.stage).acquire(
             os.environ.get(LOCK_TOKEN_ENV), reentrant=True)
         try:
+            self._refuse_replacing()
             self._begin()
         except BaseException:
             self.lock.release()

@@ -539,6 +539,40 @@ def test_a_write_error_names_the_file_not_its_temporary_name(tmp_path, monkeypat
     assert str(tmp_path / "t.parquet") in str(e.value) and ".tmp" not in str(e.value)
 
 
+def test_only_the_runner_holding_the_lock_replaces_a_finished_stage(run, monkeypatch):
+    """REPLAYLIB_RUNNER exported in a shell is no runner's word: a notebook or papermill run with changed
+    values still refuses to replace the finished stage."""
+    from replaylib import pivots
+    monkeypatch.setenv("REPLAYLIB_RUNNER", "1")
+    before = rundir.sha256_file(run / "runs/tiny/02_pivot_mining/pivots.parquet")
+    tiny = params.load(TINY)
+    changed = dataclasses.replace(tiny, margin_threshold=tiny.margin_threshold + 0.5)
+    with pytest.raises(rundir.UpstreamError, match="made with other parameters"):
+        pivots.run(changed, run)
+    assert rundir.sha256_file(run / "runs/tiny/02_pivot_mining/pivots.parquet") == before
+
+
+def test_the_lock_file_does_not_give_away_the_runners_token(run):
+    """The lock file is readable by anyone who can read the run: it records the token's sha256, so the
+    token handed to the stage's kernel cannot be read from it to take the stage."""
+    holder = subprocess.Popen([sys.executable, "-c", "import time; from pathlib import Path; from replaylib import "
+                               f"rundir; rundir.StageLock(Path({str(run)!r}), 'tiny', '03_three_pass_replay')"
+                               ".acquire('the-runners-secret'); print('held', flush=True); time.sleep(120)"],
+                              cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        lock = rundir.StageLock(run, "tiny", "03_three_pass_replay")
+        text = lock.path.read_text()
+        assert "the-runners-secret" not in text
+        for guess in [json.loads(text).get("token"), *json.loads(text).values()]:
+            with pytest.raises(rundir.StageBusy):
+                rundir.StageLock(run, "tiny", "03_three_pass_replay").acquire(str(guess) if guess else None)
+        assert rundir.StageLock(run, "tiny", "03_three_pass_replay").acquire("the-runners-secret").handed
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_campaign_and_power_values_are_one_line(tmp_path, capsys):
     f = tmp_path / "campaign-x.yaml"
     f.write_text(yaml.safe_dump({**yaml.safe_load((REPO / "params/campaign-tiny.yaml").read_text()),
