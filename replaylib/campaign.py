@@ -51,7 +51,7 @@ from . import live_vs_published
 from .params import EXECUTOR_KEYS, Params, read_mapping
 from .stages import CAMPAIGN, RUN_ORDER
 from .rundir import (REPO, atomic_save, atomic_write_bytes, changed_outputs, code_fingerprint, copy_stage,
-                     execute_notebook, figures_dir, open_new, out_root, sha256_file, tables_dir,
+                     execute_notebook, figures_dir, made_here, open_new, out_root, sha256_file, tables_dir,
                      write_finished)
 
 NOTEBOOK = CAMPAIGN.name
@@ -300,6 +300,10 @@ def copy_shared_stages(c: Campaign, name: str, out_dir=None) -> list[str]:
             manifest = json.loads((src_dir / "manifest.json").read_text())
         except (OSError, json.JSONDecodeError):
             continue  # the source has not finished it: compute it here
+        if not made_here(manifest):
+            print(f"[campaign] {c.label}: {name} {stage}: not copied from {source} (its manifest is not signed "
+                  f"with this user's key: made elsewhere); computing it", flush=True)
+            continue
         intact = not changed_outputs(src_dir, manifest.get("outputs", {}))
         if intact and staleness(c.configs[source], stage, out_dir):
             continue  # the source has not finished it (or it is stale): compute it here

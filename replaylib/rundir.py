@@ -15,12 +15,14 @@ from __future__ import annotations
 import ast
 import errno
 import fcntl
+import functools
 import hashlib
 import hmac
 import json
 import os
 import platform
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -366,9 +368,56 @@ class StageLock:
 _HELD: dict[str, int] = {}  # lock file -> descriptor, for the stage locks this process holds
 
 
+# this user's secret: a stage they ran has its manifest signed with it, so that a run received from someone
+# else (which cannot carry a valid signature) is never copied into one of theirs
+ORIGIN_KEY = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "replaylib" / "origin.key"
+
+
+@functools.lru_cache(maxsize=1)
+def _origin_key() -> bytes | None:
+    """The key, made on first use (readable by this user alone); None where it cannot be made."""
+    try:
+        return ORIGIN_KEY.read_bytes()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return None
+    try:
+        ORIGIN_KEY.parent.mkdir(parents=True, exist_ok=True)
+        tmp = ORIGIN_KEY.with_name(f".{ORIGIN_KEY.name}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(32))
+        try:
+            os.link(tmp, ORIGIN_KEY)  # the first process to make one wins
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+        return ORIGIN_KEY.read_bytes()
+    except OSError:
+        return None
+
+
+def origin(manifest: dict) -> str | None:
+    """The signature of a manifest (all of it but ``origin``, as JSON reads it back) under this user's key."""
+    key = _origin_key()
+    if key is None:
+        return None
+    body = json.loads(json.dumps({k: v for k, v in manifest.items() if k != "origin"}, default=str))
+    return hmac.new(key, json.dumps(body, sort_keys=True).encode(), "sha256").hexdigest()
+
+
+def made_here(manifest: dict) -> bool:
+    """The manifest was written by a stage this user ran (or copied), and not changed since."""
+    signature = origin(manifest)
+    return signature is not None and hmac.compare_digest(str(manifest.get("origin", "")), signature)
+
+
 def find_stage_elsewhere(params: Params, stage: str, out_dir=None, exclude: str = "") -> Path | None:
     """A finished, unchanged stage with the key `params` asks for, under another configuration's name
-    (the first one in name order), so that a renamed run can start from it."""
+    (the first one in name order) and made by this user (made_here), so that a renamed run can start
+    from it."""
     runs = out_root(out_dir) / "runs"
     key = params.stage_key(stage)
     for candidate in sorted(runs.glob(f"*/{stage}")) if runs.is_dir() else []:
@@ -377,10 +426,11 @@ def find_stage_elsewhere(params: Params, stage: str, out_dir=None, exclude: str 
         try:
             if json.loads((candidate / "params.json").read_text()).get("key") != key:
                 continue
-            outputs = json.loads((candidate / "manifest.json").read_text()).get("outputs", {})
-        except (OSError, json.JSONDecodeError):
+            manifest = json.loads((candidate / "manifest.json").read_text())
+        except (OSError, ValueError):
             continue
-        if not changed_outputs(candidate, outputs):
+        if isinstance(manifest, dict) and made_here(manifest) and not changed_outputs(
+                candidate, manifest.get("outputs", {})):
             return candidate
     return None
 
@@ -567,6 +617,7 @@ class StageDir:
             "outputs": {rel: sha256_file(self.path / rel) for rel in sorted(outputs)},
             **(extra or {}),
         }
+        manifest["origin"] = origin(manifest)
         write_finished(self.path, manifest)
         if getattr(self, "lock", None) is not None:
             self.lock.release()
@@ -614,6 +665,7 @@ def copy_stage(src: Path, dst: Path, dst_config: str, out_dir=None) -> None:
             atomic_copy(f, root / "figures" / dst_config / f.name)
     manifest.update({"config": dst_config, "copied_from": src.resolve().relative_to(root.resolve()).as_posix(),
                      **({"products": products} if products else {})})
+    manifest["origin"] = origin(manifest)  # the copy is this user's
     atomic_write_json(tmp / "manifest.json", manifest)
     old = dst.parent / f".{dst.name}.old-{os.getpid()}"
     if dst.exists():

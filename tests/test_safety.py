@@ -232,6 +232,23 @@ def test_names_that_are_paths_are_refused(tmp_path, capsys):
         campaign.load(f)
 
 
+def test_a_renamed_run_copies_only_stages_this_user_made(run):
+    """A received run with the same stage keys, first in name order, whose manifests this user's key did
+    not sign: a notebook under a new name copies from the user's own run, never from it."""
+    received = run / "runs" / "aaa-received"
+    for stage in ("01_sampling", "02_pivot_mining"):
+        shutil.copytree(run / "runs/tiny" / stage, received / stage)
+        m = json.loads((received / stage / "manifest.json").read_text())
+        m["origin"] = "0" * 64
+        (received / stage / "manifest.json").write_text(json.dumps(m))
+    renamed = dataclasses.replace(params.load(TINY), k=3, config="tiny-k3")
+    rundir.StageDir(renamed, "03_three_pass_replay", run)._copy_missing_upstream()
+    for stage in ("01_sampling", "02_pivot_mining"):
+        manifest = json.loads((run / "runs/tiny-k3" / stage / "manifest.json").read_text())
+        assert manifest["copied_from"] == f"runs/tiny/{stage}"
+        assert rundir.made_here(manifest)
+
+
 def test_a_received_run_never_fetches_its_tokenizer(monkeypatch):
     import transformers
 
