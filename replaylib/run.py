@@ -79,6 +79,9 @@ def staleness(params: Params, stage: str, out_dir) -> str | None:
     changed = changed_outputs(path, manifest.get("outputs", {}))
     if changed:
         return f"its output {changed[0]} changed or went missing since it finished"
+    changed = changed_outputs(out_root(out_dir), manifest.get("products", {}))  # its tables and figures
+    if changed:
+        return f"its product {changed[0]} changed or went missing since it finished"
     for up in params.data_upstream(stage):
         try:
             outputs = json.loads((path.parent / up / "manifest.json").read_text())["outputs"]

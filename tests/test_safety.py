@@ -374,6 +374,14 @@ def test_a_finished_stage_whose_outputs_changed_is_stale(run):
     assert todo["02_pivot_mining"] == "its output pivots.parquet changed or went missing since it finished"
 
 
+def test_an_edited_product_makes_the_statistics_stale(run):
+    """Table 1 and the figures are stage 04's outputs like any other: editing one reruns it."""
+    table1 = run / "tables/tiny/tab1_main.csv"
+    table1.write_text(table1.read_text().replace("tiny", "tiny (edited)"))
+    assert dict(plan(params.load(TINY), [], False, run)) == {
+        "04_statistics": "its product tables/tiny/tab1_main.csv changed or went missing since it finished"}
+
+
 def test_an_empty_file_a_repeated_key_and_a_nested_pass_are_refused(tmp_path):
     cases = {"empty.yaml": ("# only a comment\n", "the file is empty"),
              "twice.yaml": ("k: 4\nmargin_threshold: 0.5\nk: 5\n", "key 'k' appears twice (line 3)"),
