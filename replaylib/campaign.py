@@ -186,7 +186,9 @@ def load(path, overrides: dict | None = None) -> Campaign:
     def count(key, default, lo):
         v = data.get(key, default)
         if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-            raise ValueError(f"{where}: '{key}' is {v!r}; it must be an integer of at least {lo}")
+            raise ValueError(f"{where}: '{key}' is {params_mod.short(v)}; it must be an integer of at least {lo}")
+        if key == "bootstrap_draws":  # the bound of the parameter of the same name
+            params_mod.make({key: v}, where=where)
         return v
     return Campaign(name=name, path=path.resolve(), note=str(data.get("note", "")).strip(), rows=rows,
                     invariant=invariant, figure1=data["figure1"], figure3=figure3, configs=configs, sources=sources,

@@ -98,10 +98,7 @@ def sample_batch(engine, params: Params, batch: list[tuple]) -> tuple[dict, dict
 
 def run(params: Params, out_dir=None) -> dict:
     """Sample, grade and screen trunks; write problems.json, trunks.parquet, state/, accuracy.csv."""
-    problems = load_problems(params.task)
-    if params.problem_start >= len(problems):
-        raise ValueError(f"config '{params.config}': parameter 'problem_start' is {params.problem_start}, past the "
-                         f"{len(problems)} problems of task {params.task} (0-{len(problems) - 1}); lower it")
+    problems = load_problems(params.task)  # problem_start and n_problems are within it (params.make)
     stage = StageDir(params, STAGE, out_dir).begin()
     started = time.perf_counter()
     ex = make_executor(params)

@@ -382,6 +382,35 @@ def test_an_edited_product_makes_the_statistics_stale(run):
         "04_statistics": "its product tables/tiny/tab1_main.csv changed or went missing since it finished"}
 
 
+@pytest.mark.parametrize("key, value", [("k", 1_000_000), ("bootstrap_draws", 1_000_000_000),
+                                        ("n_problems", 1_000_000_000)])
+def test_values_that_size_an_allocation_have_an_upper_bound(tmp_path, capsys, key, value):
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump({"config": "p", key: value}))
+    assert main([str(f), "--dry-run", "--out", str(tmp_path)]) == 2
+    one_line(capsys, str(f), f"parameter '{key}' is {value}; it must be at most")
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once_without_printing_it(tmp_path, capsys):
+    levels = ["&a0 [" + ", ".join(["lol"] * 10) + "]"]
+    levels += [f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 6)]
+    f = tmp_path / "bomb.yaml"
+    f.write_text(f"config: bomb\npasses: [{', '.join(levels)}]\n")
+    started = time.monotonic()
+    assert main([str(f), "--dry-run", "--out", str(tmp_path)]) == 2
+    err = one_line(capsys, str(f), "alias")
+    assert len(err) < 400 and time.monotonic() - started < 10, err[:400]
+
+
+@pytest.mark.parametrize("text", ["? [1, 2]\n: 3\n", "1: 3\n", "config: x\ntemperature: 1.0e-300\n",
+                                  "config: x\ncont_temperature: 1.0e-300\n"])
+def test_odd_keys_and_a_vanishing_temperature_are_one_line(tmp_path, capsys, text):
+    f = tmp_path / "odd.yaml"
+    f.write_text(text)
+    assert main([str(f), "--dry-run", "--out", str(tmp_path)]) == 2
+    one_line(capsys, str(f))
+
+
 def test_an_empty_file_a_repeated_key_and_a_nested_pass_are_refused(tmp_path):
     cases = {"empty.yaml": ("# only a comment\n", "the file is empty"),
              "twice.yaml": ("k: 4\nmargin_threshold: 0.5\nk: 5\n", "key 'k' appears twice (line 3)"),
