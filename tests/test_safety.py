@@ -411,6 +411,36 @@ def test_odd_keys_and_a_vanishing_temperature_are_one_line(tmp_path, capsys, tex
     one_line(capsys, str(f))
 
 
+def test_a_records_config_is_type_checked_before_its_grid(tmp_path):
+    """K given as 4.0 or "4" does not skip the 1/K grid check: the setting itself is refused."""
+    src = json.loads((REPO / "data/paper-records/2026-06-11/primary.json").read_text())
+    src["pivots"][3]["A_exact1"] = 0.3
+    for k in (4.0, "4"):
+        src["config"]["k"] = k
+        f = tmp_path / "k.json"
+        f.write_text(json.dumps(src))
+        with pytest.raises(ValueError) as e:
+            records.load_records(f)
+        assert f"{f}: config setting 'k' is {k!r}" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ('{"pivots": ' + "[" * 200_000 + "]" * 200_000 + "}", "nested too deeply"),
+    (json.dumps({"pivots": [{"problem_id": 0, "rollout": 0, "abs_pos": 5, "margin": 0.1, "A_exact1": 0.0,
+                             "A_exact2": 0.0, "A_refeed": 0.0, "greedy_first_exact1": {"actual": [1e400, -0.1]}}]}),
+     "needs {arm: [first token id, finite first logprob]}"),
+    (json.dumps({"pivots": [{"problem_id": 0, "rollout": 0, "abs_pos": 5, "margin": 0.1, "A_exact1": 0.0,
+                             "A_exact2": 0.0, "A_refeed": 0.0, "greedy_first_exact1": {"actual": [3, 1e400]}}]}),
+     "needs {arm: [first token id, finite first logprob]}"),
+])
+def test_a_deep_or_infinite_records_file_is_one_line(tmp_path, body, fragment):
+    f = tmp_path / "odd.json"
+    f.write_text(body.replace("1e400", "Infinity"))
+    with pytest.raises(ValueError) as e:
+        records.load_records(f)
+    assert fragment in str(e.value) and str(f) in str(e.value) and "\n" not in str(e.value)
+
+
 def test_an_empty_file_a_repeated_key_and_a_nested_pass_are_refused(tmp_path):
     cases = {"empty.yaml": ("# only a comment\n", "the file is empty"),
              "twice.yaml": ("k: 4\nmargin_threshold: 0.5\nk: 5\n", "key 'k' appears twice (line 3)"),
