@@ -365,3 +365,49 @@ def load_blocks(path) -> dict:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a published records file ({_SCHEMA_HINT})")
     return {key: data.get(key) for key in BLOCKS}
+
+
+# ---------------------------------------------------------------- a run's tables: every column's type
+
+def _cells_are(column: pd.Series, kind: str, depth: int) -> bool:
+    """Every cell of a list column (depth 1: a list; depth 2: a list of lists) holds numbers of the kind
+    ("i": integers, "f": numbers)."""
+    kinds = "iu" if kind == "i" else "iuf"
+    for cell in column:
+        if isinstance(cell, (str, bytes)) or not hasattr(cell, "__len__"):
+            return False
+        parts = [cell] if depth == 1 else list(cell)
+        if any(isinstance(x, (str, bytes)) or not hasattr(x, "__len__") for x in parts):
+            return False
+        for a in map(np.asarray, parts):
+            if a.size and (a.dtype.kind not in kinds or (kind == "f" and not np.isfinite(a).all())):
+                return False
+    return True
+
+
+def check_columns(df: pd.DataFrame, path, columns: dict) -> pd.DataFrame:
+    """A table read from a run, refused in one line naming the file and the column unless every column
+    has its type (a received run's files can hold anything): columns maps a name to "id" (a
+    non-negative integer), "int", "bool", "number", "text", "ids" (a list of integers), "ids per token"
+    or "numbers per token" (a list of lists)."""
+    for name, kind in columns.items():
+        if name not in df.columns:
+            raise ValueError(f"{path}: has no column '{name}'; rerun the stage that writes it")
+        col = df[name]
+        if kind in ("id", "int"):
+            ok = col.dtype.kind in "iu" and (kind == "int" or not len(col) or col.min() >= 0)
+        elif kind == "bool":
+            ok = col.dtype.kind == "b"
+        elif kind == "number":
+            ok = col.dtype.kind in "iuf" and bool(np.isfinite(col.to_numpy(dtype=float)).all())
+        elif kind == "text":
+            ok = all(isinstance(x, str) for x in col)
+        else:
+            ok = _cells_are(col, "f" if kind.startswith("numbers") else "i", 2 if kind.endswith("per token") else 1)
+        if not ok:
+            want = {"id": "non-negative integers", "int": "integers", "bool": "true or false",
+                    "number": "finite numbers", "text": "text"}.get(kind, kind.replace("ids", "lists of integers")
+                                                                     .replace("numbers per", "lists of numbers per"))
+            raise ValueError(f"{path}: column '{name}' must hold {want} ({col.dtype}); not a table its stage "
+                             f"wrote: rerun the stage, or do not use this run")
+    return df

@@ -166,9 +166,16 @@ def state_digests(params: Params, out_dir=None) -> dict:
     return {int(pid): {int(r): d for r, d in per.items()} for pid, per in manifest.get("state_digests", {}).items()}
 
 
+# the trunk table's columns and their types (records.check_columns)
+TRUNK_COLUMNS = {"problem_id": "id", "rollout": "id", "seed": "int", "kept": "bool", "prompt_ids": "ids",
+                 "gen_ids": "ids", "topk_ids": "ids per token", "topk_logprobs": "numbers per token", "text": "text",
+                 "correct": "int", "finish_reason": "text", "n_tokens": "int"}
+
+
 def load(params: Params, out_dir=None) -> tuple[pd.DataFrame, dict, dict]:
     """The sampling stage's trunks (kept problems), engine info and problem list."""
+    from .records import check_columns
     path = StageDir(params, STAGE, out_dir).path
-    trunks = pd.read_parquet(path / "trunks.parquet")
+    trunks = check_columns(pd.read_parquet(path / "trunks.parquet"), path / "trunks.parquet", TRUNK_COLUMNS)
     return (trunks[trunks.kept].reset_index(drop=True), json.loads((path / "engine.json").read_text()),
             json.loads((path / "problems.json").read_text()))

@@ -6,6 +6,7 @@ anything, names cannot be paths, and bad input of any kind stops in one line tha
 and the key."""
 import dataclasses
 import errno
+import http.server
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -193,32 +195,106 @@ def test_a_linked_directory_in_a_finished_stage_is_removed_not_followed(run, tmp
 PAYLOADS = ('"><img src=x onerror="document.title=\'INJECTED\'">', "<script>document.title='INJECTED'</script>")
 
 
-def test_the_report_site_runs_no_script_from_a_received_run(run):
-    from replaylib import site, tables
-    nb_path = run / REPLAY / "03_three_pass_replay.ipynb"
+class Requests(http.server.BaseHTTPRequestHandler):
+    """A server on the loopback address that records every request: a page that loads anything from
+    outside itself, or runs script that fetches, shows up here."""
+    seen: list = []
+
+    def do_GET(self):
+        Requests.seen.append(self.path)
+        self.send_response(404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def received_notebook_payloads(nb_path: Path, remote: str) -> None:
+    """What a received run's notebook can carry: script in Markdown and in HTML outputs, an image whose
+    metadata nbconvert writes into the <img> tag unquoted, an image file name that is a remote URL, SVG
+    and JavaScript outputs."""
     nb = json.loads(nb_path.read_text())
-    nb["cells"].append({"cell_type": "markdown", "metadata": {}, "source": PAYLOADS[0] + PAYLOADS[1]})
-    nb["cells"].append({"cell_type": "code", "metadata": {}, "execution_count": 1, "source": "x",
-                        "outputs": [{"output_type": "display_data", "metadata": {},
-                                     "data": {"text/html": PAYLOADS[1] + PAYLOADS[0], "text/plain": "x"}}]})
+    onerror = "1 onerror=document.title=/INJECTED/.source"
+    nb["cells"].append({"cell_type": "markdown", "metadata": {}, "source": PAYLOADS[0] + PAYLOADS[1] +
+                        f'<img src="{remote}/markdown.png"><script>fetch("{remote}/markdown-script")</script>'
+                        f"![x]({remote}/markdown-image.png)"})
+    nb["cells"].append({"cell_type": "code", "metadata": {"tags": ['x" onmouseover="document.title=1']},
+                        "execution_count": 1, "source": "x", "outputs": [
+        {"output_type": "display_data", "metadata": {}, "data": {
+            "text/html": PAYLOADS[1] + PAYLOADS[0] + f'<img src="{remote}/html.png">', "text/plain": "x"}},
+        {"output_type": "display_data", "data": {"image/png": "AAAA", "text/plain": "x"},
+         "metadata": {"image/png": {"width": onerror, "height": onerror}}},
+        {"output_type": "display_data", "data": {"image/png": "AAAA", "text/plain": "x"},
+         "metadata": {"filenames": {"image/png": f"{remote}/filenames.png"}}},
+        {"output_type": "display_data", "metadata": {}, "data": {
+            "image/svg+xml": f'<svg xmlns="http://www.w3.org/2000/svg" onload="document.title=1">'
+                             f'<image href="{remote}/svg.png"/></svg>',
+            "application/javascript": f'fetch("{remote}/javascript")', "text/plain": "x"}}]})
     nb_path.write_text(json.dumps(nb))
-    (run / REPLAY / "runner.json").write_text(json.dumps({"seconds": PAYLOADS[1]}))
-    index = site.build("tiny", run)
-    pages = [index] + sorted((index.parent / "notebooks").glob("*.html"))
-    for page in pages:
-        text = page.read_text()
-        assert "<script>document.title" not in text and "onerror=" not in text.replace("&quot;", '"').split(
-            "<pre")[0] or "onerror=\"document" not in text, page
-        assert "<img src=x" not in text, page
-    # a table cell holding HTML stays text in the Markdown a notebook renders
-    md = tables._markdown(pd.DataFrame({"model": [PAYLOADS[0]]}))
-    assert "<img" not in md and "&lt;img" in md
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium:
+
+
+def test_string_ids_in_a_received_run_are_refused_and_shown_values_escaped(run):
+    """String ids in a received run's trunk or pivot table (the worked example's header would show them
+    as HTML) are not a table a stage wrote: one line naming the file and the column; and the header
+    escapes whatever it is given."""
+    from replaylib import examples, site
+    for rel, column in (("01_sampling/trunks.parquet", "problem_id"), ("02_pivot_mining/pivots.parquet", "rollout")):
+        path = run / "runs/tiny" / rel
+        original = path.read_bytes()
+        df = pd.read_parquet(path)
+        df[column] = PAYLOADS[1]
+        df.to_parquet(path)
+        with pytest.raises(ValueError) as e:
+            site.build("tiny", run)
+        assert f"{path}: column '{column}' must hold non-negative integers" in str(e.value)
+        assert "\n" not in str(e.value)
+        path.write_bytes(original)
+    trunk = pd.Series({"problem_id": PAYLOADS[1], "rollout": 0, "gen_ids": [1, 2], "topk_ids": [[1, 2], [2, 1]],
+                       "topk_logprobs": [[-0.1, -0.2], [-0.1, -3.0]], "correct": 1})
+    assert "<script>" not in examples.trunk_html(trunk, lambda ids: [f"<{i}>" for i in ids], 1.0)
+
+
+def test_the_report_site_runs_no_script_from_a_received_run(run):
+    """A received run carrying script and remote loads in its notebooks, manifest and tables: they are
+    escaped or dropped, every page forbids script and remote loads, and in Chromium no script runs and
+    nothing is requested from outside the page."""
+    from replaylib import site, tables
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Requests)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    remote = f"http://127.0.0.1:{server.server_address[1]}"
+    Requests.seen = []
+    try:
+        for stage in ("01_sampling", "03_three_pass_replay"):
+            received_notebook_payloads(run / "runs/tiny" / stage / f"{stage}.ipynb", remote)
+        manifest = run / REPLAY / "manifest.json"
+        m = json.loads(manifest.read_text())
+        m["device"] = {"gpu": PAYLOADS[1] + f'<img src="{remote}/manifest.png">'}
+        manifest.write_text(json.dumps(m))
+        claims = run / "tables/tiny/tab21_claims.csv"
+        claims.write_text(claims.read_text() + f'"{PAYLOADS[1]}<img src={remote}/table.png>",x,x\n')
+        assert report.main(["--html", str(run / "runs" / "tiny")]) == 0
+        index = run / "site/tiny/index.html"
+        pages = [index] + sorted((index.parent / "notebooks").glob("*.html"))
+        assert len(pages) == 6
+        chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+        for page in pages if chromium else []:
+            dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
+                                  "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
+            assert "<title>" in dom and "INJECTED" not in dom.split("</title>")[0], page
+            assert "<title>1</title>" not in dom, page
+        assert Requests.seen == [], Requests.seen
         for page in pages:
-            dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
-                                  page.as_uri()], capture_output=True, text=True, timeout=120).stdout
-            assert "INJECTED" not in dom.split("</title>")[0], page
+            text = page.read_text()
+            assert "<script>document.title" not in text and "<img src=x" not in text, page
+            assert "onerror=document" not in text and f"{remote}/filenames.png" not in text, page
+            assert f'<meta http-equiv="Content-Security-Policy" content="{site.CSP}">' in text, page
+        # a table cell holding HTML stays text in the Markdown a notebook renders
+        md = tables._markdown(pd.DataFrame({"model": [PAYLOADS[0]]}))
+        assert "<img" not in md and "&lt;img" in md
+        if not chromium:
+            pytest.skip("no chromium on this machine: the pages were checked as text only")
+    finally:
+        server.shutdown()
 
 
 def test_names_that_are_paths_are_refused(tmp_path, capsys):
@@ -230,6 +306,55 @@ def test_names_that_are_paths_are_refused(tmp_path, capsys):
                                  "name": "../escape"}))
     with pytest.raises(ValueError, match="parameter 'name' is '../escape'"):
         campaign.load(f)
+
+
+def test_the_report_site_writes_only_its_own_files_and_report_json_stays_out_of_runs(run, capsys):
+    from replaylib import site
+    mine = run / "site/tiny/notes.txt"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("mine")
+    site.build("tiny", run)
+    assert mine.read_text() == "mine" and (run / "site/tiny/index.html").exists()
+    records_file = run / REPLAY / "records.parquet"
+    params_json = run / REPLAY / "params.json"
+    before = rundir.sha256_file(params_json)
+    assert report.main(["--records", str(records_file), "--json", str(params_json)]) == 2
+    one_line(capsys, f"--json {params_json} is inside a runs/ directory")
+    assert rundir.sha256_file(params_json) == before
+
+
+def test_the_report_shows_only_the_products_the_statistics_manifest_lists(run):
+    """Figures and tables a run's statistics did not make (an earlier configuration's extra passes) stay
+    off its page; an unfinished statistics stage is said to be, and its files are not shown."""
+    from replaylib import site
+    figures, tables = run / "figures/tiny", run / "tables/tiny"
+    shutil.copy(figures / "fig1_quadrants.png", figures / "fig4_passes.png")
+    shutil.copy(tables / "tab1_main.csv", tables / "tab19_transplant.csv")
+    index = site.build("tiny", run).read_text()
+    assert 'src="figures/fig1_quadrants.png"' in index and "<h3>tab1_main</h3>" in index
+    assert "fig4_passes" not in index and "tab19_transplant" not in index
+    (run / "runs/tiny/04_statistics/DONE").unlink()
+    index = site.build("tiny", run).read_text()
+    assert "Stage 04_statistics is unfinished" in index
+    assert "fig1_quadrants" not in index and "<h3>tab1_main</h3>" not in index
+
+
+def test_report_html_builds_the_run_it_is_given_or_says_why_not(run, tmp_path, capsys):
+    """A run directory not under runs/ (a received run unpacked anywhere) is refused, not confused with
+    the runs/<name> beside it."""
+    received = tmp_path / "received" / "tiny"
+    shutil.copytree(run / "runs/tiny", received)
+    for part in ("runs", "tables", "figures"):  # another run of the same name, beside it
+        shutil.copytree(run / part / "tiny", tmp_path / part / "tiny")
+    assert report.main(["--html", str(received)]) == 2
+    one_line(capsys, f"{received}: not a run directory runs/<config>")
+    assert not (tmp_path / "site").exists()
+
+
+def test_report_html_names_a_missing_run_directory_as_given(tmp_path, capsys):
+    missing = tmp_path / "no-such" / "tiny"
+    assert report.main(["--html", str(missing)]) == 2
+    one_line(capsys, f"{missing}: no such run directory")
 
 
 def test_a_renamed_run_copies_only_stages_this_user_made(run):
@@ -439,6 +564,23 @@ def test_a_deep_or_infinite_records_file_is_one_line(tmp_path, body, fragment):
     with pytest.raises(ValueError) as e:
         records.load_records(f)
     assert fragment in str(e.value) and str(f) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_runner_file_of_the_wrong_shape_is_one_line(run, capsys):
+    runner = run / REPLAY / "runner.json"
+    for body in ("[1, 2]", json.dumps({"seconds": {"a": 1}})):
+        runner.write_text(body)
+        assert report.main(["--html", str(run / "runs" / "tiny")]) == 2
+        one_line(capsys, str(runner))
+
+
+def test_a_received_notebook_that_is_not_a_notebook_is_one_line(run, capsys):
+    nb_path = run / REPLAY / "03_three_pass_replay.ipynb"
+    nb = json.loads(nb_path.read_text())
+    nb["cells"][1]["outputs"] = "not a list of outputs"
+    nb_path.write_text(json.dumps(nb))
+    assert report.main(["--html", str(run / "runs" / "tiny")]) == 2
+    one_line(capsys, f"{nb_path}: not a valid notebook")
 
 
 def test_an_empty_file_a_repeated_key_and_a_nested_pass_are_refused(tmp_path):
