@@ -583,6 +583,18 @@ def test_a_received_notebook_that_is_not_a_notebook_is_one_line(run, capsys):
     one_line(capsys, f"{nb_path}: not a valid notebook")
 
 
+def test_a_ray_address_where_nothing_listens_is_one_line_at_once():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free once closed: nothing listens there
+    proc = subprocess.run([sys.executable, "-c", "from replaylib.executor import join_ray; "
+                           f"join_ray('127.0.0.1:{port}', 'tiny')"], cwd=REPO, capture_output=True, text=True,
+                          timeout=90, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+    assert proc.returncode == 1
+    assert f"cannot join the Ray cluster at 127.0.0.1:{port}: nothing answers there" in proc.stderr.splitlines()[-1]
+
+
 def test_an_empty_file_a_repeated_key_and_a_nested_pass_are_refused(tmp_path):
     cases = {"empty.yaml": ("# only a comment\n", "the file is empty"),
              "twice.yaml": ("k: 4\nmargin_threshold: 0.5\nk: 5\n", "key 'k' appears twice (line 3)"),
