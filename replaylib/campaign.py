@@ -55,8 +55,9 @@ from . import records as rec
 from . import live_vs_published
 from .params import EXECUTOR_KEYS, Params, read_mapping
 from .stages import CAMPAIGN, RUN_ORDER
-from .rundir import (REPO, atomic_write_bytes, changed_outputs, code_fingerprint, copy_stage,
-                     figures_dir, out_root, sha256_file, tables_dir, write_finished)
+from .rundir import (REPO, atomic_save, atomic_write_bytes, changed_outputs, code_fingerprint, copy_stage,
+                     execute_notebook, figures_dir, open_new, out_root, sha256_file, tables_dir,
+                     write_finished)
 
 NOTEBOOK = CAMPAIGN.name
 TOP_KEYS = {"name", "note", "rows", "invariant", "figure1", "figure3", "bootstrap_draws", "concurrent_configs",
@@ -190,7 +191,9 @@ def load(path, overrides: dict | None = None) -> Campaign:
     def count(key, default, lo):
         v = data.get(key, default)
         if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-            raise ValueError(f"{where}: '{key}' is {v!r}; it must be an integer of at least {lo}")
+            raise ValueError(f"{where}: '{key}' is {params_mod.short(v)}; it must be an integer of at least {lo}")
+        if key == "bootstrap_draws":  # the bound of the parameter of the same name
+            params_mod.make({key: v}, where=where)
         return v
     return Campaign(name=name, path=path.resolve(), note=str(data.get("note", "")).strip(), rows=rows,
                     invariant=invariant, figure1=data["figure1"], figure3=figure3, configs=configs, sources=sources,
@@ -243,7 +246,7 @@ def statistics(c: Campaign, out_dir=None) -> dict:
     table = live_vs_published.compare(c, rows, c.bootstrap_draws)
     claims = live_vs_published.verdicts(c, rows)
     csv = tdir / "live_vs_published.csv"
-    table.to_csv(csv, index=False)
+    atomic_save(csv, lambda tmp: table.to_csv(tmp, index=False))
     md = tdir / "live_vs_published.md"
     atomic_write_bytes(md, live_vs_published.comparison_markdown(c, table, claims).encode())
     products += [csv, md]
@@ -292,7 +295,9 @@ def _params_file(c: Campaign, name: str, out_dir=None) -> Path:
 def copy_shared_stages(c: Campaign, name: str, out_dir=None) -> list[str]:
     """Copy into configuration `name` every stage it would compute that an earlier configuration of
     the campaign has finished with the same key, unchanged outputs and the same inputs; returns
-    the stages copied. A stage that cannot be copied is computed as usual."""
+    the stages copied. A stage that cannot be copied is computed as usual. The source is the
+    configuration the campaign file names for that stage, wherever it was computed (a root carried
+    between machines included): the campaign reads that configuration's own stages as they are."""
     from .run import staleness
     copied = []
     runs = out_root(out_dir) / "runs"
@@ -386,7 +391,7 @@ def _run_job(c: Campaign, job: Job, out_dir, force: bool, log_to_file: bool) -> 
         return job.config, subprocess.run(cmd, cwd=REPO, env=env).returncode, ""
     log = out_root(out_dir) / "runs" / c.label / "logs" / f"{job.log_name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as f:
+    with open_new(log) as f:
         rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
     return job.config, rc, str(log)
 
@@ -487,13 +492,10 @@ def engine_broker(c: Campaign, todo: list[str], out_dir=None):
 
 def execute_statistics(c: Campaign, out_dir=None) -> Path:
     """Run notebooks/06_campaign.ipynb with papermill; returns the executed notebook."""
-    import papermill
     from .rundir import notebook_path
     output = out_root(out_dir) / "runs" / c.label / f"{NOTEBOOK}.ipynb"
     output.parent.mkdir(parents=True, exist_ok=True)
-    papermill.execute_notebook(str(notebook_path(NOTEBOOK)), str(output),
-                               parameters={"campaign": str(c.path), "out_dir": str(out_root(out_dir))},
-                               cwd=str(REPO), kernel_name="python3", progress_bar=False, log_output=False)
+    execute_notebook(notebook_path(NOTEBOOK), output, {"campaign": str(c.path), "out_dir": str(out_root(out_dir))})
     return output
 
 
@@ -512,6 +514,7 @@ def main(argv=None) -> int:
                     help="run the configurations' stages, not the campaign statistics (which can run later, "
                          "elsewhere, from the same runs/: e.g. stages on a GPU machine, statistics on a laptop)")
     args = ap.parse_intermixed_args(argv)
+    out = out_root(args.out)  # absolute, once: the runners and the statistics notebook run in the repository
     overrides = {"executor": args.executor, "ray_workers": args.ray_workers, "ray_address": args.ray_address,
                  "gpus_per_worker": args.gpus_per_worker}
     from . import run as runner
@@ -522,7 +525,7 @@ def main(argv=None) -> int:
             return 0
         todo = {}
         for name, p in c.configs.items():
-            steps = runner.plan(p, [], args.force, args.out, c.stages_needed(name))
+            steps = runner.plan(p, [], args.force, out, c.stages_needed(name))
             if steps:
                 todo[name] = steps
     except (ValueError, FileNotFoundError) as e:
@@ -536,13 +539,13 @@ def main(argv=None) -> int:
             print(f"[campaign] {c.label}: {name} {stage}: {'would ' + verb if args.dry_run else 'to ' + verb} "
                   f"({reason})")
     if args.dry_run:
-        reason = "configurations rerun" if todo else (statistics_staleness(c, args.out) or
+        reason = "configurations rerun" if todo else (statistics_staleness(c, out) or
                                                       ("forced" if args.force else None))
         print(f"[campaign] {c.label}: statistics: " + (f"would run ({reason})" if reason else "up to date"))
         return 0
     if todo:
-        with engine_broker(c, list(todo), args.out):
-            failed = run_configs(c, list(todo), args.out, args.force)
+        with engine_broker(c, list(todo), out):
+            failed = run_configs(c, list(todo), out, args.force)
         if failed:
             print(f"error: {c.label}: configuration {', '.join(failed)} failed (see its stage notebook under "
                   f"runs/{failed[0]}/); fix it and rerun the campaign: finished stages are kept", file=sys.stderr)
@@ -551,20 +554,20 @@ def main(argv=None) -> int:
         print(f"[campaign] {c.label}: stages done; statistics left for later (python -m replaylib.campaign "
               f"{args.campaign}" + (f" --out {args.out}" if args.out else "") + ")")
         return 0
-    reason = statistics_staleness(c, args.out) or ("forced" if args.force else None)
+    reason = statistics_staleness(c, out) or ("forced" if args.force else None)
     if not reason:
         print(f"[campaign] {c.label}: statistics up to date")
         return 0
     print(f"[campaign] {c.label}: statistics ({reason})", flush=True)
     try:
-        output = execute_statistics(c, args.out)
+        output = execute_statistics(c, out)
     except Exception as e:  # papermill's error carries the cell's traceback; keep the console to one line
         evalue = str(getattr(e, "evalue", e)).strip().splitlines()
         print(f"error: {c.label} statistics failed: {getattr(e, 'ename', type(e).__name__)}: "
-              f"{evalue[-1] if evalue else ''} (see {out_root(args.out) / 'runs' / c.label / (NOTEBOOK + '.ipynb')})",
+              f"{evalue[-1] if evalue else ''} (see {out / 'runs' / c.label / (NOTEBOOK + '.ipynb')})",
               file=sys.stderr)
         return 1
-    tdir = tables_dir(c.label, args.out)
+    tdir = tables_dir(c.label, out)
     print(f"[campaign] {c.label}: done -> {tdir / 'live_vs_published.md'}, {tdir / 'tab1_main.md'} ({output.name})")
     return 0
 

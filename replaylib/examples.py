@@ -270,9 +270,9 @@ def trunk_html(trunk: pd.Series, pieces, threshold: float) -> str:
         else:
             out.append(html.escape(piece))
     n_low = int((margins.margin < threshold).sum()) if len(margins) else 0
-    head = (f"<p>problem {trunk.problem_id}, rollout {trunk.rollout}, {len(trunk.gen_ids)} tokens, "
-            f"{'correct' if trunk.correct else 'wrong'}; {n_low} tokens with a top-1/top-2 margin below "
-            f"{threshold} are marked.</p>")
+    head = "<p>" + html.escape(f"problem {trunk.problem_id}, rollout {trunk.rollout}, {len(trunk.gen_ids)} tokens, "
+                               f"{'correct' if trunk.correct else 'wrong'}; {n_low} tokens with a top-1/top-2 "
+                               f"margin below {threshold} are marked.") + "</p>"
     return head + '<div class="trunk" style="white-space: pre-wrap; font-family: monospace">' + "".join(out) + "</div>"
 
 
@@ -330,8 +330,9 @@ def pivot_prefix_html(record: pd.Series, trunks: pd.DataFrame, pieces, context: 
     forced = _forced(t, i)
     a_text, alt_text = pieces([forced["actual"], forced["alt"]])
     prefix = "".join(pieces((list(t.prompt_ids) + gen[:i])[-context:]))
-    return (f"<p>problem {record.problem_id}, rollout {record.rollout}, generated token {i} (absolute position "
-            f"{record.abs_pos}), margin {record.margin:.3f}; the prefix ends:</p>"
+    return ("<p>" + html.escape(f"problem {record.problem_id}, rollout {record.rollout}, generated token {i} "
+                                f"(absolute position {record.abs_pos}), margin {record.margin:.3f}; the prefix "
+                                f"ends:") + "</p>"
             f'<div class="trunk" style="white-space: pre-wrap; font-family: monospace">…{html.escape(prefix)}'
             f"<mark>[actual {html.escape(_with_logprob(a_text, forced['actual'], lp))} | alternative "
             f"{html.escape(_with_logprob(alt_text, forced['alt'], lp))}]</mark></div>")

@@ -122,6 +122,10 @@ def join_ray(address: str, config: str = "?") -> None:
     default, and a client joins them only in token mode: set it when a token is available and the mode is
     unset (RAY_AUTH_MODE set by the user wins). A cluster that cannot be joined is one line."""
     import ray
+    why = unreachable(address)
+    if why:  # Ray itself keeps retrying an address where nothing listens, for minutes and in silence
+        raise RuntimeError(f"config '{config}': cannot join the Ray cluster at {address}: nothing answers there "
+                           f"({why}); start it with `ray start --head` there, or fix ray_address")
     if "RAY_AUTH_MODE" not in os.environ and ray_token_available():
         os.environ["RAY_AUTH_MODE"] = "token"
         # Ray 2.60 caches its configuration when it is imported: refresh it, as its own
@@ -135,6 +139,19 @@ def join_ray(address: str, config: str = "?") -> None:
         raise RuntimeError(f"config '{config}': cannot join the Ray cluster at {address} ({first}); start it with "
                            f"`ray start --head` there and give this machine the cluster's token (~/.ray/auth_token "
                            f"or RAY_AUTH_TOKEN)") from None
+
+
+def unreachable(address: str, timeout_s: float = 10.0) -> str | None:
+    """Why no connection can be made to a HOST:PORT address (ray:// or not) within timeout_s, or None
+    (also for addresses Ray resolves itself, such as auto)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        return e.strerror or str(e) or type(e).__name__
+    return None
 
 
 def ensure_ray(params: Params) -> bool:

@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import re
+import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,9 +59,26 @@ def _sha256_cached(path: str, mtime_ns: int, size: int) -> str:
     return sha256_file(path)
 
 
-def _p(stage: str, default, doc: str, lo=None, hi=None, above=None):
-    """A parameter of a stage: its default, its meaning and its range (lo <= value <= hi; above < value)."""
-    return field(default=default, metadata={"stage": stage, "doc": doc, "lo": lo, "hi": hi, "above": above})
+def _p(stage: str, default, doc: str, lo=None, hi=None, above=None, why=None):
+    """A parameter of a stage: its default, its meaning and its range (lo <= value <= hi; above < value);
+    why: what the upper bound protects (a value that allocates)."""
+    return field(default=default, metadata={"stage": stage, "doc": doc, "lo": lo, "hi": hi, "above": above,
+                                            "why": why})
+
+
+# upper bounds of values that size an allocation: a mistyped one would take the machine's memory
+TOKENS_WHY = "a sequence's KV state grows with it; 32768 is the paper's models' context length"
+ROWS_WHY = "the engine decodes that many rows in one batch"
+MIN_TEMPERATURE = 1e-5  # positive temperatures below it are greedy in all but name (and overflow far below)
+
+
+def short(value) -> str:
+    """A value as an error message shows it: its repr, cut to a line (a parameter can be a whole file)."""
+    return _SHORT.repr(value)
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 80
 
 
 def _l(stage: str, default: list, doc: str):
@@ -80,7 +98,8 @@ class Params:
     ray_address: str = _p("executor", "", "ray: empty starts a local Ray instance; auto or HOST:PORT joins a cluster "
                                           "(whose workers then run this package's code and exchange pickled data: "
                                           "join only clusters you trust; a received run's params.json never sets it)")
-    ray_workers: int = _p("executor", 1, "ray: engines (actors) to start, each loaded once", lo=1)
+    ray_workers: int = _p("executor", 1, "ray: engines (actors) to start, each loaded once", lo=1, hi=256,
+                          why="each worker loads a model of its own")
     gpus_per_worker: float = _p("executor", 1.0, "ray: GPUs per engine on CUDA (at most 1: an engine uses one GPU; "
                                                   "fractions let engines share one)", above=0)
     task: str = _p("01_sampling", "gsm8k", "task family: gsm8k or math500")
@@ -94,13 +113,14 @@ class Params:
     n_problems: int = _p("01_sampling", 3, "problems kept", lo=1)
     screen_mixed: bool = _p("01_sampling", True, "keep a problem only if its trunk accuracy is neither 0 nor 1")
     scan_limit: int = _p("01_sampling", 8, "give up screening after this many problems scanned", lo=1)
-    n_rollouts: int = _p("01_sampling", 3, "trunks per problem", lo=1)
+    n_rollouts: int = _p("01_sampling", 3, "trunks per problem", lo=1, hi=1024, why=ROWS_WHY)
     temperature: float = _p("01_sampling", 0.7, "trunk sampling temperature", lo=0)
     top_p: float = _p("01_sampling", 0.95, "trunk nucleus sampling", above=0, hi=1)
-    max_trunk_tokens: int = _p("01_sampling", 320, "trunk length limit", lo=1)
+    max_trunk_tokens: int = _p("01_sampling", 320, "trunk length limit", lo=1, hi=32768, why=TOKENS_WHY)
     top_logprobs: int = _p("01_sampling", 5, "raw top-k logprobs kept per generated token", lo=2, hi=20)
     max_batch_rows: int = _p("01_sampling", 128, "largest batch the transformers engine runs at once (on a CPU a "
-                                                        "decode step costs about as much for 16 rows as for 1, so fill it)", lo=1)
+                                                        "decode step costs about as much for 16 rows as for 1, so fill it)", lo=1,
+                             hi=4096, why=ROWS_WHY)
     gpu_memory_utilization: float = _p("01_sampling", 0.92, "vLLM: share of GPU memory for weights and KV blocks", above=0, hi=1)
     max_model_len: int = _p("01_sampling", 4096, "vLLM: context length", lo=16)
     attention_backend: str = _p("01_sampling", "", "vLLM attention backend (empty: the engine default)")
@@ -123,11 +143,12 @@ class Params:
     min_rollout_tokens: int = _p("02_pivot_mining", 16, "rollouts shorter than this are skipped", lo=1)
     pivot_window: int = _p("02_pivot_mining", 64, "only pivots among the last N generated tokens (0: anywhere)", lo=0)
     # --- 03 three-pass replay
-    k: int = _p("03_three_pass_replay", 4, "sampled continuations per arm", lo=1)
+    k: int = _p("03_three_pass_replay", 4, "sampled continuations per arm", lo=1, hi=256,
+                why="every pass decodes 2K continuations of a pivot side by side; the paper used at most 16")
     cont_temperature: float = _p("03_three_pass_replay", 0.7, "continuation temperature (0 for greedy)", lo=0)
     cont_top_p: float = _p("03_three_pass_replay", 0.95, "continuation nucleus sampling", above=0, hi=1)
-    max_cont_tokens: int = _p("03_three_pass_replay", 32, "continuation length limit", lo=1)
-    probe_tokens: int = _p("03_three_pass_replay", 32, "greedy probe length", lo=1)
+    max_cont_tokens: int = _p("03_three_pass_replay", 32, "continuation length limit", lo=1, hi=32768, why=TOKENS_WHY)
+    probe_tokens: int = _p("03_three_pass_replay", 32, "greedy probe length", lo=1, hi=32768, why=TOKENS_WHY)
     stop_at_answer: bool = _p("03_three_pass_replay", True, "stop a continuation once its final answer is complete")
     passes: list = _l("03_three_pass_replay", ["exact1", "exact2", "refeed"],
                       "exact1, exact2, refeed, optionally refeed2, serial, block16, xplant_refeed_kv, "
@@ -149,14 +170,17 @@ class Params:
                              "of K and V (hf only)")
     # --- 04 statistics
     records: str = _p("04_statistics", "run", "run: this run's records; published: the paper's seven runs")
-    bootstrap_draws: int = _p("04_statistics", 2000, "bootstrap resamples of problems for the CIs", lo=1)
+    bootstrap_draws: int = _p("04_statistics", 2000, "bootstrap resamples of problems for the CIs", lo=1, hi=100_000,
+                              why="the bootstrap holds every draw's resample in memory; the paper drew 2000")
     # --- 05 batch-invariant confirmation
     invariant_problems: int = _p("05_batch_invariant", 1, "problems (the first sampled ones) rerun in invariant mode", lo=1)
     invariant_rollouts: int = _p("05_batch_invariant", 1, "trunks per problem in invariant mode", lo=1)
     invariant_pivots: int = _p("05_batch_invariant", 1, "pivots per problem (earliest) replayed in invariant mode", lo=1)
-    invariant_max_cont_tokens: int = _p("05_batch_invariant", 16, "continuation limit in invariant mode", lo=1)
+    invariant_max_cont_tokens: int = _p("05_batch_invariant", 16, "continuation limit in invariant mode", lo=1,
+                                        hi=32768, why=TOKENS_WHY)
     invariant_max_trunk_tokens: int = _p("05_batch_invariant", 160, "trunk length limit in invariant mode (0 means "
-                                                                     "max_trunk_tokens, as in the paper)", lo=0)
+                                                                     "max_trunk_tokens, as in the paper)", lo=0,
+                                         hi=32768, why=TOKENS_WHY)
     # --- display only: in no stage's key, so changing it reruns nothing (rerun a stage with --force to redraw it)
     example_pivot: int = _p("display", -1, "row of the replay records shown in the worked examples (-1: the first "
                                             "where refeed changed the sign of A, else the first)", lo=-1)
@@ -230,7 +254,7 @@ def check_name(value: str, where: str, key: str = "config") -> str:
     """A run or campaign name: it names directories (runs/<name>/, tables/<name>/), so it is one path
     component of letters, digits, '.', '_' and '-', starting with a letter or digit."""
     if not CONFIG_NAME.fullmatch(value):
-        raise ValueError(f"{where}: parameter '{key}' is {value!r}; a name is letters, digits, '.', '_' and '-', "
+        raise ValueError(f"{where}: parameter '{key}' is {short(value)}; a name is letters, digits, '.', '_' and '-', "
                          f"starting with a letter or digit (it names the run's directories); rename it")
     return value
 
@@ -238,12 +262,19 @@ def check_name(value: str, where: str, key: str = "config") -> str:
 def _check_range(f, value, where: str) -> None:
     lo, hi, above = f.metadata.get("lo"), f.metadata.get("hi"), f.metadata.get("above")
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{where}: parameter '{f.name}' is {value!r}; give a finite number")
-    if (lo is not None and value < lo) or (hi is not None and value > hi) or (above is not None and value <= above):
+        raise ValueError(f"{where}: parameter '{f.name}' is {short(value)}; give a finite number")
+    if hi is not None and value > hi:
+        raise ValueError(f"{where}: parameter '{f.name}' is {short(value)}; it must be at most {hi} "
+                         f"({f.metadata['why'] or f.metadata['doc']})")
+    if (lo is not None and value < lo) or (above is not None and value <= above):
         want = " and ".join(x for x in (f"at least {lo}" if lo is not None else "",
                                          f"above {above}" if above is not None else "",
                                          f"at most {hi}" if hi is not None else "") if x)
-        raise ValueError(f"{where}: parameter '{f.name}' is {value!r}; it must be {want} ({f.metadata['doc']})")
+        raise ValueError(f"{where}: parameter '{f.name}' is {short(value)}; it must be {want} ({f.metadata['doc']})")
+    if f.name in ("temperature", "cont_temperature") and 0 < value < MIN_TEMPERATURE:
+        raise ValueError(f"{where}: parameter '{f.name}' is {short(value)}; it must be 0 (greedy) or at least "
+                         f"{MIN_TEMPERATURE:g} (a smaller one is greedy in all but name, and a far smaller one "
+                         f"overflows the scaled logits)")
 
 
 def _check_type(name: str, value, where: str):
@@ -254,10 +285,10 @@ def _check_type(name: str, value, where: str):
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         value, ok = float(value), True
     if not ok:
-        raise ValueError(f"{where}: parameter '{name}' must be {want.__name__}, got {value!r} "
+        raise ValueError(f"{where}: parameter '{name}' must be {want.__name__}, got {short(value)} "
                          f"({type(value).__name__}); fix its value")
     if name in CHOICES and value not in CHOICES[name]:
-        raise ValueError(f"{where}: parameter '{name}' is {value!r}; choose one of {CHOICES[name]}")
+        raise ValueError(f"{where}: parameter '{name}' is {short(value)}; choose one of {CHOICES[name]}")
     if want in (int, float):
         _check_range(f, value, where)
     if name == "config":
@@ -266,7 +297,7 @@ def _check_type(name: str, value, where: str):
         raise ValueError(f"{where}: parameter 'model' is empty; name a model (embedded:NAME, tiny[:SEED], a local "
                          f"directory or a hub id)")
     if name == "passes" and not all(isinstance(x, str) for x in value):
-        raise ValueError(f"{where}: parameter 'passes' must be a list of pass names, got {value!r}")
+        raise ValueError(f"{where}: parameter 'passes' must be a list of pass names, got {short(value)}")
     if name == "passes":
         known = {"exact1", "exact2", "refeed", "refeed2", "serial", "block16", *TRANSPLANT_PASSES}
         if (value[:1] != ["exact1"] or not {"exact2", "refeed"} <= set(value) <= known
@@ -284,6 +315,9 @@ def make(overrides: dict, where: str = "parameters", scope=None) -> Params:
     names = Params.names()
     clean = {}
     for name, value in overrides.items():
+        if not isinstance(name, str):
+            raise ValueError(f"{where}: key {short(name)} is not a parameter name ({type(name).__name__}); parameter "
+                             f"names are text, see replaylib/params.py")
         if name not in names:
             close = difflib.get_close_matches(name, names, n=1)
             hint = f"did you mean '{close[0]}'?" if close else "see replaylib/params.py for the known ones"
@@ -291,6 +325,8 @@ def make(overrides: dict, where: str = "parameters", scope=None) -> Params:
         clean[name] = _check_type(name, value, where)
     params = Params(**clean)
     scope = set(names if scope is None else scope)
+    if {"problem_start", "n_problems"} & scope:
+        _check_task_size(params, where)
     if params.gpus_per_worker > 1:
         raise ValueError(f"{where}: parameter 'gpus_per_worker' is {params.gpus_per_worker:g}, but an engine uses one "
                          f"GPU (tensor-parallel engines are not built), so the others would sit idle; set "
@@ -314,17 +350,60 @@ def make(overrides: dict, where: str = "parameters", scope=None) -> Params:
     return params
 
 
+def _check_task_size(params: Params, where: str) -> None:
+    """problem_start and n_problems within the task's problems (the screen cannot keep more than there are)."""
+    size = task_size(params.task)
+    if params.problem_start >= size:
+        raise ValueError(f"{where}: parameter 'problem_start' is {params.problem_start}, past the {size} problems of "
+                         f"task {params.task} (0-{size - 1}); lower it")
+    if params.n_problems > size - params.problem_start:
+        raise ValueError(f"{where}: parameter 'n_problems' is {params.n_problems}; it must be at most "
+                         f"{size - params.problem_start} (task {params.task} has {size} problems, and the scan starts "
+                         f"at problem_start {params.problem_start})")
+
+
+def task_size(task: str) -> int:
+    """How many problems a task's data file holds (read again only when the file changes)."""
+    from .data import TASKS
+    path = TASKS[task][0]
+    st = path.stat()
+    return _task_size_cached(task, str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _task_size_cached(task: str, path: str, mtime_ns: int, size: int) -> int:
+    from .data import load_problems
+    return len(load_problems(task))
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """yaml.safe_load that refuses a key given twice in one mapping (YAML keeps the last, silently)."""
+    """yaml.safe_load that refuses a key given twice in one mapping (YAML keeps the last, silently), a key
+    that is not text, and aliases (*name): a params file is a few values, and an alias can repeat one a
+    billion times."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"an alias (*{event.anchor}) at line {event.start_mark.line + 1}: params files do not "
+                            f"take aliases; write the value out", event.start_mark)
+        return super().compose_node(parent, index)
 
 
 def _mapping_without_repeats(loader, node):
     seen = set()
     for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"line {key_node.start_mark.line + 1}: a key is a {key_node.id}; keys are names",
+                key_node.start_mark)
         key = loader.construct_object(key_node)
+        if not isinstance(key, str):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"line {key_node.start_mark.line + 1}: key {short(key)} is not a name", key_node.start_mark)
         if key in seen:
             raise yaml.constructor.ConstructorError(
-                None, None, f"key {key!r} appears twice (line {key_node.start_mark.line + 1}); keep one",
+                None, None, f"key {short(key)} appears twice (line {key_node.start_mark.line + 1}); keep one",
                 key_node.start_mark)
         seen.add(key)
     return loader.construct_mapping(node)

@@ -87,8 +87,14 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
     return pivots
 
 
+PIVOT_COLUMNS = {"pivot_id": "int", "problem_id": "id", "rollout": "id", "gen_index": "id", "abs_pos": "id",
+                 "margin": "number", "actual": "id", "alt": "id", "rollout_correct": "int"}
+
+
 def load(params: Params, out_dir=None) -> pd.DataFrame:
-    return pd.read_parquet(StageDir(params, STAGE, out_dir).path / "pivots.parquet")
+    from .records import check_columns
+    path = StageDir(params, STAGE, out_dir).path / "pivots.parquet"
+    return check_columns(pd.read_parquet(path), path, PIVOT_COLUMNS)
 
 
 def summary(pivots: pd.DataFrame, trunks: pd.DataFrame) -> pd.DataFrame:

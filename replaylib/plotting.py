@@ -265,8 +265,8 @@ def save_figure(fig, name: str, figures_dir, data: pd.DataFrame | None = None) -
     figures_dir = Path(figures_dir)
     figures_dir.mkdir(parents=True, exist_ok=True)
     paths = [figures_dir / f"{name}.pdf", figures_dir / f"{name}.png"]
-    fig.savefig(paths[0])
-    fig.savefig(paths[1], dpi=200)
+    atomic_save(paths[0], lambda tmp: fig.savefig(tmp, format="pdf"))
+    atomic_save(paths[1], lambda tmp: fig.savefig(tmp, format="png", dpi=200))
     if data is not None:
         paths.append(figures_dir / f"{name}.csv")
         atomic_save(paths[2], lambda tmp: data.to_csv(tmp, index=False))

@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .params import short
+
 REQUIRED = ("problem_id", "rollout", "abs_pos", "margin", "A_exact1", "A_exact2", "A_refeed")
 OPTIONAL = (
     "gen_index",
@@ -114,17 +116,40 @@ def _check_record(path, i, rec):
         if isinstance(v, str):
             try:
                 v = json.loads(v)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 _fail(path, i, f, "has malformed JSON in field")
         if isinstance(v, (list, tuple)) and all(isinstance(x, tuple) and len(x) == 2 for x in v):
             v = dict(v)  # a Parquet map column arrives as (key, value) pairs
-        try:
-            rec[f] = {str(arm): [int(x[0]), float(x[1])] for arm, x in v.items() if len(x) == 2}
-            ok = len(rec[f]) == len(v)
-        except (AttributeError, TypeError, ValueError, KeyError):
-            ok = False
+        if not isinstance(v, dict) or not v or not all(_is_probe(x) for x in v.values()):
+            _fail(path, i, f, "needs {arm: [first token id, finite first logprob]} in field")
+        rec[f] = {str(arm): [int(x[0]), float(x[1])] for arm, x in v.items()}
+
+
+def _is_probe(x) -> bool:
+    """[token id, logprob]: a non-negative integer id and a finite logprob."""
+    return (isinstance(x, (list, tuple, np.ndarray)) and len(x) == 2 and _is_number(x[0]) and _is_number(x[1])
+            and math.isfinite(x[0]) and x[0] == int(x[0]) and 0 <= x[0] < 2**53 and math.isfinite(x[1]))
+
+
+# the types of the settings a records file's config holds (published files, or a run's params.json)
+_CONFIG_TYPES = {"model": str, "k": numbers.Integral, "cont_temp": numbers.Real, "max_cont_tokens": numbers.Integral,
+                 "temperature": numbers.Real, "engine": str, "batch_invariant": bool}
+
+
+def _check_config(path, config: dict | None) -> None:
+    """Each protocol setting the config records (null: not recorded) has its type, K an integer of at least
+    1 (not 4.0 nor "4"), before the checks that rely on it."""
+    for key, kind in _CONFIG_TYPES.items():
+        v = (config or {}).get(key)
+        if v is None:
+            continue
+        numeric = kind is not str and kind is not bool
+        ok = isinstance(v, kind) and not (numeric and isinstance(v, bool)) and not (
+            numeric and not math.isfinite(v)) and not (key == "k" and v < 1)
         if not ok:
-            _fail(path, i, f, "needs {arm: [first token id, first logprob]} in field")
+            want = {str: "text", bool: "true or false", numbers.Integral: "an integer"}.get(kind, "a finite number")
+            raise ValueError(f"{path}: config setting '{key}' is {short(v)} ({type(v).__name__}); it must be "
+                             f"{want}{' of at least 1' if key == 'k' else ''} ({_SCHEMA_HINT})")
 
 
 def _read_rows(path: Path):
@@ -153,11 +178,16 @@ def _read_rows(path: Path):
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{path}: line {lineno} is not valid JSON ({e.msg})") from None
+                except RecursionError:
+                    raise ValueError(f"{path}: line {lineno} is nested too deeply to read ({_SCHEMA_HINT})") from None
         return rows, None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not a readable JSON file ({e.msg} at line {e.lineno})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not a records file: its JSON is nested too deeply to read "
+                         f"({_SCHEMA_HINT})") from None
     if not isinstance(data, dict) or not isinstance(data.get("pivots"), list):
         raise ValueError(
             f"{path}: not a published records file: expected a JSON object with a "
@@ -197,6 +227,7 @@ def load_records(path) -> pd.DataFrame:
     df["source"] = path.stem
     if path.suffix.lower() != ".json":  # this package's own records: no config block in the file
         config = _run_config(path, df)
+    _check_config(path, config)
     _check_grid(path, df, (config or {}).get("k"))
     df.attrs["configs"] = {path.stem: config}
     df.attrs["path"] = str(path)
@@ -206,8 +237,8 @@ def load_records(path) -> pd.DataFrame:
 
 def _check_grid(path: Path, df: pd.DataFrame, k) -> None:
     """Every A is a difference of two success rates out of K: a multiple of 1/K (K from the file's
-    config or params.json; unknown K: not checked)."""
-    if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 1:
+    config or params.json, checked by _check_config; unknown K: not checked)."""
+    if k is None:
         return
     for col in _A_FIELDS:
         off = np.abs(df[col].to_numpy(dtype=float) * k - np.round(df[col].to_numpy(dtype=float) * k)) > 1e-6
@@ -225,7 +256,12 @@ def _run_config(path: Path, df: pd.DataFrame) -> dict | None:
             recorded = json.loads(where.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        p, inv = recorded.get("params", {}), recorded.get("stage") == "05_batch_invariant"
+        except RecursionError:
+            raise ValueError(f"{where}: nested too deeply to read; not a stage's params.json") from None
+        p = recorded.get("params") if isinstance(recorded, dict) else None
+        if not isinstance(p, dict):
+            raise ValueError(f"{where}: not a stage's params.json (no 'params' mapping); rerun the stage")
+        inv = recorded.get("stage") == "05_batch_invariant"
         return {"model": p.get("model"), "k": p.get("k"), "cont_temp": p.get("cont_temperature"),
                 # stage 05's continuation limit; 0 there means max_cont_tokens (replay.settings)
                 "max_cont_tokens": (inv and p.get("invariant_max_cont_tokens")) or p.get("max_cont_tokens"),
@@ -329,3 +365,49 @@ def load_blocks(path) -> dict:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a published records file ({_SCHEMA_HINT})")
     return {key: data.get(key) for key in BLOCKS}
+
+
+# ---------------------------------------------------------------- a run's tables: every column's type
+
+def _cells_are(column: pd.Series, kind: str, depth: int) -> bool:
+    """Every cell of a list column (depth 1: a list; depth 2: a list of lists) holds numbers of the kind
+    ("i": integers, "f": numbers)."""
+    kinds = "iu" if kind == "i" else "iuf"
+    for cell in column:
+        if isinstance(cell, (str, bytes)) or not hasattr(cell, "__len__"):
+            return False
+        parts = [cell] if depth == 1 else list(cell)
+        if any(isinstance(x, (str, bytes)) or not hasattr(x, "__len__") for x in parts):
+            return False
+        for a in map(np.asarray, parts):
+            if a.size and (a.dtype.kind not in kinds or (kind == "f" and not np.isfinite(a).all())):
+                return False
+    return True
+
+
+def check_columns(df: pd.DataFrame, path, columns: dict) -> pd.DataFrame:
+    """A table read from a run, refused in one line naming the file and the column unless every column
+    has its type (a received run's files can hold anything): columns maps a name to "id" (a
+    non-negative integer), "int", "bool", "number", "text", "ids" (a list of integers), "ids per token"
+    or "numbers per token" (a list of lists)."""
+    for name, kind in columns.items():
+        if name not in df.columns:
+            raise ValueError(f"{path}: has no column '{name}'; rerun the stage that writes it")
+        col = df[name]
+        if kind in ("id", "int"):
+            ok = col.dtype.kind in "iu" and (kind == "int" or not len(col) or col.min() >= 0)
+        elif kind == "bool":
+            ok = col.dtype.kind == "b"
+        elif kind == "number":
+            ok = col.dtype.kind in "iuf" and bool(np.isfinite(col.to_numpy(dtype=float)).all())
+        elif kind == "text":
+            ok = all(isinstance(x, str) for x in col)
+        else:
+            ok = _cells_are(col, "f" if kind.startswith("numbers") else "i", 2 if kind.endswith("per token") else 1)
+        if not ok:
+            want = {"id": "non-negative integers", "int": "integers", "bool": "true or false",
+                    "number": "finite numbers", "text": "text"}.get(kind, kind.replace("ids", "lists of integers")
+                                                                     .replace("numbers per", "lists of numbers per"))
+            raise ValueError(f"{path}: column '{name}' must hold {want} ({col.dtype}); not a table its stage "
+                             f"wrote: rerun the stage, or do not use this run")
+    return df

@@ -2,14 +2,15 @@
 
     python -m replaylib.report --records FILE [FILE ...] --json OUT.json
     python -m replaylib.report --verify runs/<config>
-    python -m replaylib.report --html runs/<config>     (the report site: replaylib/site.py)
+    python -m replaylib.report --html ROOT/runs/<config>   (the report site: replaylib/site.py)
 
 Loads each records file (published JSON, or this package's .parquet / .jsonl), pools
 them (``records.pool``: files of different protocols, or a file repeating a
 (problem_id, rollout, abs_pos), are refused; records whose key an earlier file holds are
 dropped, first kept, with one line on stderr per file that lost some), writes
 ``stats.summarize()`` as JSON (indent 2) and prints a short summary. Errors: one line
-on stderr, exit status 2, and no partial output file.
+on stderr, exit status 2, and no partial output file; ``--json`` never writes inside a runs/
+directory nor over a records file it reads.
 
 ``--verify`` re-checks a run directory (``rundir.verify_run``): every finished stage's
 outputs, the statistics stage's tables and figures, and every stage's recorded inputs
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -110,13 +112,22 @@ def main(argv=None) -> int:
             if args.json and any(Path(args.json).resolve() == Path(f).resolve() for f in args.records):
                 raise ValueError(f"--json {args.json} is one of the records files it reads; write the summary "
                                  f"to another file")
+            if args.json and "runs" in Path(os.path.abspath(args.json)).parent.parts:
+                raise ValueError(f"--json {args.json} is inside a runs/ directory, whose files the stages write and "
+                                 f"their manifests record; write the summary elsewhere")
             summary = records_summary(args.records, exclude_flagged=not args.keep_flagged)
             if args.json:
                 write_json_atomic(summary, args.json)
             print(human_summary(summary))
         elif args.html is not None:
             from replaylib import site
-            run_dir = Path(args.html).resolve()
+            run_dir = Path(os.path.abspath(args.html))
+            if not run_dir.is_dir():
+                raise ValueError(f"{args.html}: no such run directory; give runs/<config> of an output root")
+            if run_dir.parent.name != "runs":  # its tables and figures are beside runs/, under the same root
+                raise ValueError(f"{args.html}: not a run directory runs/<config> (its parent is not runs/); put "
+                                 f"the run at ROOT/runs/<config>, its tables/ and figures/ beside runs/, and give "
+                                 f"that path")
             print(site.build(run_dir.name, run_dir.parent.parent))
         else:
             from replaylib.rundir import verify_run

@@ -37,7 +37,8 @@ from . import progress
 from .params import Params, load
 from .stages import ALIASES, RUN_ORDER, STAGES
 from .rundir import (LOCK_TOKEN_ENV, PARAMS_FILE_ENV, REPO, StageDir, StageLock, atomic_write_json, changed_outputs,
-                     code_fingerprint, figures_dir, is_done, notebook_path, out_root, tables_dir)
+                     code_fingerprint, execute_notebook, figures_dir, is_done, notebook_path, open_new, out_root,
+                     tables_dir)
 
 def notebook(stage: str) -> Path:
     return notebook_path(stage)
@@ -80,6 +81,9 @@ def staleness(params: Params, stage: str, out_dir) -> str | None:
     changed = changed_outputs(path, manifest.get("outputs", {}))
     if changed:
         return f"its output {changed[0]} changed or went missing since it finished"
+    changed = changed_outputs(out_root(out_dir), manifest.get("products", {}))  # its tables and figures
+    if changed:
+        return f"its product {changed[0]} changed or went missing since it finished"
     for up in params.data_upstream(stage):
         try:
             outputs = json.loads((path.parent / up / "manifest.json").read_text())["outputs"]
@@ -122,8 +126,8 @@ def quiet(log_path: Path):
     """Send everything written to file descriptors 1 and 2 (the kernel's warnings, third-party
     messages) to log_path; yields a stream on the original stderr for the progress line."""
     sys.stdout.flush(), sys.stderr.flush()
+    log = open_new(log_path)
     saved = os.dup(1), os.dup(2)
-    log = open(log_path, "w")
     term = os.fdopen(os.dup(saved[1]), "w", buffering=1)
     os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
     try:
@@ -200,7 +204,6 @@ def execute(params: Params, stage: str, out_dir, fresh: bool = False, params_fil
 
 
 def _execute(params: Params, stage: str, out_dir, stage_dir: Path, env: dict, params_file) -> Path:
-    import papermill
     declared = declared_parameters(stage)
     values = {**params.to_dict(), **params.notebook_values(stage), "out_dir": str(out_root(out_dir))}
     parameters = {k: values[k] for k in declared if k in values}
@@ -216,9 +219,7 @@ def _execute(params: Params, stage: str, out_dir, stage_dir: Path, env: dict, pa
         follower = threading.Thread(target=line.follow, args=(stop,), daemon=True)
         follower.start()
         try:
-            off_the_main_thread(lambda: papermill.execute_notebook(
-                str(notebook(stage)), str(output), parameters=parameters, cwd=str(REPO), kernel_name="python3",
-                progress_bar=False, log_output=False))
+            off_the_main_thread(lambda: execute_notebook(notebook(stage), output, parameters))
             failed = False
         finally:
             stop.set()
@@ -369,14 +370,15 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="say what would run, run nothing")
     ap.add_argument("--html", action="store_true", help="then build the report site, site/<config>/index.html")
     args = ap.parse_intermixed_args(argv)
+    out = out_root(args.out)  # absolute, once: the stages' kernels run in the repository
     try:
         params = load(args.params)
         named = [resolve_stage(s) for s in args.stages]
-        todo = plan(params, named, args.force, args.out, [resolve_stage(s) for s in args.upto or []])
+        todo = plan(params, named, args.force, out, [resolve_stage(s) for s in args.upto or []])
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    runs = out_root(args.out) / "runs" / params.config
+    runs = out / "runs" / params.config
     if args.dry_run:
         for stage, reason in todo:
             print(f"[replaylib] config {params.config}, stage {stage}: would run ({reason})")
@@ -393,11 +395,11 @@ def main(argv=None) -> int:
     ran = []
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
-        with engine_broker(params, [s for s, _ in todo], args.out):
-            stopped = _run_stages(params, todo, args, runs, ran)
+        with engine_broker(params, [s for s, _ in todo], out):
+            stopped = _run_stages(params, todo, args, runs, ran, out)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return stopped if stopped is not None else _finish(params, args, ran)
+    return stopped if stopped is not None else _finish(params, args, ran, out)
 
 
 @contextlib.contextmanager
@@ -416,12 +418,12 @@ def engine_broker(params: Params, stages: list[str], out_dir):
         broker.close()
 
 
-def _run_stages(params: Params, todo, args, runs: Path, ran: list) -> int | None:
+def _run_stages(params: Params, todo, args, runs: Path, ran: list, out: Path) -> int | None:
     """Each stage in turn; an exit code when one stops the run, else None."""
     for stage, reason in todo:
         start = time.time()
         try:
-            execute(params, stage, args.out, fresh=args.force or reason == "named", params_file=args.params)
+            execute(params, stage, out, fresh=args.force or reason == "named", params_file=args.params)
         except (KeyboardInterrupt, Terminated) as e:
             why = "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else "terminated (SIGTERM)"
             print(stop_summary(params, stage, "STOPPED", why, start, ran, args, runs), file=sys.stderr)
@@ -436,17 +438,17 @@ def _run_stages(params: Params, todo, args, runs: Path, ran: list) -> int | None
     return None
 
 
-def _finish(params: Params, args, ran: list) -> int:
+def _finish(params: Params, args, ran: list, out: Path) -> int:
     """The report site (with --html) and the closing summary."""
     index = None
     if args.html:
         from . import site
         try:
-            index = site.build(params.config, args.out)
+            index = site.build(params.config, out)
         except (ValueError, OSError) as e:
             print(f"error: report site: {e}", file=sys.stderr)
             return 1
-    print(closing_summary(params, args.out, ran, index), flush=True)
+    print(closing_summary(params, out, ran, index), flush=True)
     return 0
 
 

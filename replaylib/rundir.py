@@ -15,11 +15,14 @@ from __future__ import annotations
 import ast
 import errno
 import fcntl
+import functools
 import hashlib
+import hmac
 import json
 import os
 import platform
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -31,18 +34,19 @@ from pathlib import Path
 from .data import sha256_file  # noqa: F401  (re-exported: stats and tests use rundir.sha256_file)
 from .params import Params
 from .stages import RUN_ORDER, STAGES, stage as stage_entry
-from .progress import RUNNER_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = Path(__file__).resolve().parent
-DEFAULT_OUT = Path(os.environ.get("REPLAYLIB_OUT", REPO))
+# absolute from the start: a stage's kernel runs in the repository, not in the directory the runner was started in
+DEFAULT_OUT = Path(os.path.abspath(os.environ.get("REPLAYLIB_OUT", REPO)))
 MIN_FREE_BYTES = 200 * 2**20
 RESUME_FILE = "resume.json"
 KEEP_SUFFIXES = (".ipynb", ".log")  # the runner's executed notebook and log, written while the stage runs
 
 
 def out_root(out_dir: str | Path | None = None) -> Path:
-    return Path(out_dir) if out_dir else DEFAULT_OUT
+    """The output root as an absolute path (a relative one is taken from the working directory, once)."""
+    return Path(os.path.abspath(out_dir)) if out_dir else DEFAULT_OUT
 
 
 def figures_dir(config: str, out_dir=None) -> Path:
@@ -58,18 +62,25 @@ os.umask(_UMASK)
 FILE_MODE = 0o666 & ~_UMASK  # what open() would give: a shared results directory keeps its group's access
 
 
-def _no_space(path: Path, e: OSError) -> OSError:
-    """A write error naming the file (a full disk names none by itself)."""
-    if e.errno == errno.ENOSPC:
-        return OSError(e.errno, f"{path}: no space left on the disk; free space or set REPLAYLIB_OUT (or --out) "
-                                f"to another disk")
-    return OSError(e.errno, f"{path}: cannot write ({e.strerror or e})")
+def _no_space(path: Path, e: OSError, tmp=None) -> OSError:
+    """A write error naming the file written (a full disk names none by itself; a temporary file is not
+    what the user knows)."""
+    if e.errno == errno.ENOSPC or "No space left" in str(e):
+        return OSError(errno.ENOSPC, f"{path}: no space left on the disk; free space or set REPLAYLIB_OUT (or "
+                                     f"--out) to another disk")
+    detail = e.strerror or str(e)
+    if tmp is not None:
+        detail = detail.replace(str(tmp), str(path))
+    return OSError(e.errno, f"{path}: cannot write ({detail})")
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary file beside path, then rename it over path: a reader sees the old bytes or the
+    new ones, and a symbolic link at path is replaced, never written through."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         os.fchmod(fd, FILE_MODE)  # mkstemp creates 0600
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -77,11 +88,29 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise _no_space(path, e) from None
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
+        raise _no_space(path, e, tmp) from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_copy(src: Path, dst: Path) -> None:
+    """Copy a file's bytes to dst as atomic_write_bytes writes them (a link at dst is replaced)."""
+    atomic_write_bytes(Path(dst), Path(src).read_bytes())
+
+
+def open_new(path: Path):
+    """A text file opened for writing from empty, for a log: whatever is at path (a symbolic link
+    included) is replaced, never written through."""
+    try:
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+    except OSError as e:
+        raise _no_space(path, e) from None
+    return os.fdopen(fd, "w")
 
 
 def atomic_write_json(path: Path, obj) -> None:
@@ -93,15 +122,38 @@ def atomic_save(path: Path, writer) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
+        tmp.unlink(missing_ok=True)  # the writer opens the name: nothing may stand there, a link least of all
         writer(tmp)
         os.chmod(tmp, FILE_MODE)  # some writers (safetensors) create 0600
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise _no_space(path, e) from None
+        raise _no_space(path, e, tmp) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def execute_notebook(notebook: Path, output: Path, parameters: dict) -> None:
+    """Execute a notebook with papermill into ``output``, which holds a whole notebook or is left as it
+    was: papermill writes a hidden copy beside it as the cells run, and that copy replaces ``output`` (a
+    link there included) once it reads back as JSON, whether the notebook failed or not."""
+    import papermill
+    running = output.with_name(f".{output.stem}.running.ipynb")
+    running.unlink(missing_ok=True)
+    try:
+        papermill.execute_notebook(str(notebook), str(running), parameters=parameters, cwd=str(REPO),
+                                   kernel_name="python3", progress_bar=False, log_output=False)
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise _no_space(output, e, running) from None  # papermill's own write of the notebook names no file
+    finally:
+        try:
+            json.loads(running.read_text())
+            os.replace(running, output)
+        except (OSError, ValueError):
+            running.unlink(missing_ok=True)
 
 
 def git_state() -> dict:
@@ -243,21 +295,28 @@ def rerun_command(params: Params, stage: str, out_dir=None) -> str:
     return f"python -m replaylib.run {src} {stage}{out}"
 
 
+def _token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
 class StageLock:
     """One runner at a time per configuration and stage: an exclusive flock on
     runs/<config>/.locks/<stage>.lock, held from the stage's start to its end (released with the
     process, whatever kills it). The runner takes it before it clears or starts a stage and hands it
-    to the stage's kernel by a token in the environment."""
+    to the stage's kernel by a token in the environment; the lock file records only the token's
+    sha256, so reading the file gives no one the token."""
 
     def __init__(self, root: Path, config: str, stage: str):
         self.path = root / "runs" / config / ".locks" / f"{stage}.lock"
         self.config, self.stage, self.fd = config, stage, None
+        self.handed = False  # held for us by the runner that started this process
 
     def holder(self) -> dict:
         try:
-            return json.loads(self.path.read_text() or "{}")
-        except (OSError, json.JSONDecodeError):
+            holder = json.loads(self.path.read_text() or "{}")
+        except (OSError, ValueError):
             return {}
+        return holder if isinstance(holder, dict) else {}
 
     def acquire(self, token: str | None = None, reentrant: bool = False) -> "StageLock":
         """Take the lock, or raise StageBusy naming who holds it; a lock its holder handed to us (the
@@ -271,22 +330,30 @@ class StageLock:
             return self
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE)
         except OSError as e:
             raise OSError(f"{self.path.parent}: cannot create the run directory ({e.strerror or e}); fix the path "
                           f"or set REPLAYLIB_OUT") from None
+        try:
+            if self.path.is_symlink():  # a lock is a plain file: a link planted here is replaced, not written through
+                self.path.unlink()
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
+        except OSError as e:
+            raise OSError(f"{self.path}: cannot open the stage's lock ({e.strerror or e}); remove what is there "
+                          f"(a lock is a plain file)") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             holder = self.holder()
-            if token and holder.get("token") == token:
-                return self  # the runner that started this kernel holds it for us
+            if token and hmac.compare_digest(str(holder.get("token_sha256", "")), _token_digest(token)):
+                self.handed = True  # the runner that started this kernel holds it for us
+                return self
             raise StageBusy(f"another runner (pid {holder.get('pid', '?')}) is running {self.stage} of "
                             f"{self.config} ({self.path}); wait for it to finish, or stop it (a notebook kernel "
                             f"that ran the stage holds it until the kernel ends)") from None
         os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "token": token or "", "started": time.time()}).encode())
+        os.write(fd, json.dumps({"pid": os.getpid(), "token_sha256": _token_digest(token) if token else "",
+                                 "started": time.time()}).encode())
         self.fd = _HELD[str(self.path)] = fd
         return self
 
@@ -301,9 +368,56 @@ class StageLock:
 _HELD: dict[str, int] = {}  # lock file -> descriptor, for the stage locks this process holds
 
 
+# this user's secret: a stage they ran has its manifest signed with it, so that a run received from someone
+# else (which cannot carry a valid signature) is never copied into one of theirs
+ORIGIN_KEY = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "replaylib" / "origin.key"
+
+
+@functools.lru_cache(maxsize=1)
+def _origin_key() -> bytes | None:
+    """The key, made on first use (readable by this user alone); None where it cannot be made."""
+    try:
+        return ORIGIN_KEY.read_bytes()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return None
+    try:
+        ORIGIN_KEY.parent.mkdir(parents=True, exist_ok=True)
+        tmp = ORIGIN_KEY.with_name(f".{ORIGIN_KEY.name}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(32))
+        try:
+            os.link(tmp, ORIGIN_KEY)  # the first process to make one wins
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+        return ORIGIN_KEY.read_bytes()
+    except OSError:
+        return None
+
+
+def origin(manifest: dict) -> str | None:
+    """The signature of a manifest (all of it but ``origin``, as JSON reads it back) under this user's key."""
+    key = _origin_key()
+    if key is None:
+        return None
+    body = json.loads(json.dumps({k: v for k, v in manifest.items() if k != "origin"}, default=str))
+    return hmac.new(key, json.dumps(body, sort_keys=True).encode(), "sha256").hexdigest()
+
+
+def made_here(manifest: dict) -> bool:
+    """The manifest was written by a stage this user ran (or copied), and not changed since."""
+    signature = origin(manifest)
+    return signature is not None and hmac.compare_digest(str(manifest.get("origin", "")), signature)
+
+
 def find_stage_elsewhere(params: Params, stage: str, out_dir=None, exclude: str = "") -> Path | None:
     """A finished, unchanged stage with the key `params` asks for, under another configuration's name
-    (the first one in name order), so that a renamed run can start from it."""
+    (the first one in name order) and made by this user (made_here), so that a renamed run can start
+    from it."""
     runs = out_root(out_dir) / "runs"
     key = params.stage_key(stage)
     for candidate in sorted(runs.glob(f"*/{stage}")) if runs.is_dir() else []:
@@ -312,10 +426,11 @@ def find_stage_elsewhere(params: Params, stage: str, out_dir=None, exclude: str 
         try:
             if json.loads((candidate / "params.json").read_text()).get("key") != key:
                 continue
-            outputs = json.loads((candidate / "manifest.json").read_text()).get("outputs", {})
-        except (OSError, json.JSONDecodeError):
+            manifest = json.loads((candidate / "manifest.json").read_text())
+        except (OSError, ValueError):
             continue
-        if not changed_outputs(candidate, outputs):
+        if isinstance(manifest, dict) and made_here(manifest) and not changed_outputs(
+                candidate, manifest.get("outputs", {})):
             return candidate
     return None
 
@@ -386,9 +501,9 @@ class StageDir:
 
     def _refuse_replacing(self) -> None:
         """A finished stage made with other parameters is replaced only by the runner (whose plan says
-        so: its parameters changed); a notebook or a direct papermill run with changed values stops and
-        says how to keep both."""
-        if os.environ.get(RUNNER_ENV) or not (self.path / "DONE").exists():
+        so: its parameters changed, and which handed this process the stage's lock); a notebook or a direct
+        papermill run with changed values stops and says how to keep both."""
+        if self.lock.handed or not (self.path / "DONE").exists():
             return
         try:
             recorded = json.loads((self.path / "params.json").read_text())
@@ -407,10 +522,10 @@ class StageDir:
 
     # -- writing this stage
     def begin(self) -> "StageDir":
-        self._refuse_replacing()
         self.lock = StageLock(self.root.parent.parent, self.params.config, self.stage).acquire(
             os.environ.get(LOCK_TOKEN_ENV), reentrant=True)
         try:
+            self._refuse_replacing()
             self._begin()
         except BaseException:
             self.lock.release()
@@ -437,6 +552,7 @@ class StageDir:
             raise OSError(f"{self.path}: run directory not writable ({e.strerror}); fix permissions "
                           f"or set REPLAYLIB_OUT") from None
         (self.path / "DONE").unlink(missing_ok=True)
+        remove_links(self.path)  # the stage writes plain files: a link planted here is never written through
         for stale in self.path.rglob(".*.tmp"):  # half-written files of a killed run
             stale.unlink(missing_ok=True)
         self.resume_key = hashlib.sha256(json.dumps(
@@ -453,11 +569,19 @@ class StageDir:
             "data_sha256": {self.params.task: task_data_sha256(self.params.task)}})
 
     def clear(self) -> None:
-        """Remove every result in the stage directory (the executed notebook and logs stay)."""
-        for child in self.path.iterdir():
-            if child.name.endswith(KEEP_SUFFIXES):
-                continue
-            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        """Remove every result in the stage directory (the executed notebook and logs stay). DONE goes
+        first, so that a clear that stops midway never leaves a finished mark beside missing outputs; a
+        symbolic link is removed, never followed."""
+        try:
+            (self.path / "DONE").unlink(missing_ok=True)
+            for child in self.path.iterdir():
+                if child.name.endswith(KEEP_SUFFIXES) and not child.is_symlink():
+                    continue
+                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        except OSError as e:
+            where = e.filename or self.path
+            raise OSError(e.errno, f"{where}: cannot remove it while clearing {self.path} ({e.strerror or e}); "
+                                   f"remove it by hand and rerun") from None
 
     def _recorded_resume(self) -> dict:
         try:
@@ -493,10 +617,19 @@ class StageDir:
             "outputs": {rel: sha256_file(self.path / rel) for rel in sorted(outputs)},
             **(extra or {}),
         }
+        manifest["origin"] = origin(manifest)
         write_finished(self.path, manifest)
         if getattr(self, "lock", None) is not None:
             self.lock.release()
         return manifest
+
+
+def remove_links(directory: Path) -> None:
+    """Remove every symbolic link under a directory (not following any)."""
+    for where, dirs, files in os.walk(directory):
+        for name in dirs + files:
+            if os.path.islink(os.path.join(where, name)):
+                os.unlink(os.path.join(where, name))
 
 
 def write_finished(path: Path, manifest: dict) -> None:
@@ -515,7 +648,8 @@ def copy_stage(src: Path, dst: Path, dst_config: str, out_dir=None) -> None:
     src_config = src.parent.name
     tmp = dst.parent / f".{dst.name}.copy-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(".*.tmp", ".write-test-*"))
+    shutil.copytree(src, tmp, symlinks=True, ignore=shutil.ignore_patterns(".*.tmp", ".write-test-*"))
+    remove_links(tmp)  # a stage holds plain files: nothing a link points to is copied in
     recorded = json.loads((tmp / "params.json").read_text())
     atomic_write_json(tmp / "params.json", {**recorded, "config": dst_config})
     manifest = json.loads((tmp / "manifest.json").read_text())
@@ -524,15 +658,14 @@ def copy_stage(src: Path, dst: Path, dst_config: str, out_dir=None) -> None:
         parts = rel.split("/")
         if len(parts) > 2 and parts[0] in ("figures", "tables") and parts[1] == src_config:
             parts[1] = dst_config
-            (root / "/".join(parts)).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(root / rel, root / "/".join(parts))
+            atomic_copy(root / rel, root / "/".join(parts))
         products["/".join(parts)] = digest
     for name in stage_entry(src.name).figures:  # what the stage's notebook drew, as the copy's own
         for f in (root / "figures" / src_config).glob(f"{name}.*"):
-            (root / "figures" / dst_config).mkdir(parents=True, exist_ok=True)
-            shutil.copy2(f, root / "figures" / dst_config / f.name)
+            atomic_copy(f, root / "figures" / dst_config / f.name)
     manifest.update({"config": dst_config, "copied_from": src.resolve().relative_to(root.resolve()).as_posix(),
                      **({"products": products} if products else {})})
+    manifest["origin"] = origin(manifest)  # the copy is this user's
     atomic_write_json(tmp / "manifest.json", manifest)
     old = dst.parent / f".{dst.name}.old-{os.getpid()}"
     if dst.exists():

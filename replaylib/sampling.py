@@ -98,10 +98,7 @@ def sample_batch(engine, params: Params, batch: list[tuple]) -> tuple[dict, dict
 
 def run(params: Params, out_dir=None) -> dict:
     """Sample, grade and screen trunks; write problems.json, trunks.parquet, state/, accuracy.csv."""
-    problems = load_problems(params.task)
-    if params.problem_start >= len(problems):
-        raise ValueError(f"config '{params.config}': parameter 'problem_start' is {params.problem_start}, past the "
-                         f"{len(problems)} problems of task {params.task} (0-{len(problems) - 1}); lower it")
+    problems = load_problems(params.task)  # problem_start and n_problems are within it (params.make)
     stage = StageDir(params, STAGE, out_dir).begin()
     started = time.perf_counter()
     ex = make_executor(params, stage=STAGE)
@@ -170,9 +167,16 @@ def state_digests(params: Params, out_dir=None) -> dict:
     return {int(pid): {int(r): d for r, d in per.items()} for pid, per in manifest.get("state_digests", {}).items()}
 
 
+# the trunk table's columns and their types (records.check_columns)
+TRUNK_COLUMNS = {"problem_id": "id", "rollout": "id", "seed": "int", "kept": "bool", "prompt_ids": "ids",
+                 "gen_ids": "ids", "topk_ids": "ids per token", "topk_logprobs": "numbers per token", "text": "text",
+                 "correct": "int", "finish_reason": "text", "n_tokens": "int"}
+
+
 def load(params: Params, out_dir=None) -> tuple[pd.DataFrame, dict, dict]:
     """The sampling stage's trunks (kept problems), engine info and problem list."""
+    from .records import check_columns
     path = StageDir(params, STAGE, out_dir).path
-    trunks = pd.read_parquet(path / "trunks.parquet")
+    trunks = check_columns(pd.read_parquet(path / "trunks.parquet"), path / "trunks.parquet", TRUNK_COLUMNS)
     return (trunks[trunks.kept].reset_index(drop=True), json.loads((path / "engine.json").read_text()),
             json.loads((path / "problems.json").read_text()))

@@ -6,6 +6,7 @@ checks the tensors it places against those digests, not against the file's own m
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import torch
@@ -40,15 +41,27 @@ class ResidentState(dict):
 
 
 def save_state(problem_state: dict, path: Path) -> dict:
-    """Write one problem's decode-time KV (rollout -> (keys, values)) to safetensors, with digests."""
-    from safetensors.torch import save_file
-    from .rundir import atomic_save
+    """Write one problem's decode-time KV (rollout -> (keys, values)) to safetensors, with digests; the same
+    state gives the same bytes."""
+    from safetensors.torch import save
+    from .rundir import atomic_write_bytes
     tensors, digests = {}, {}
     for r, (k, v) in sorted(problem_state.items()):
         tensors[f"r{r}.keys"], tensors[f"r{r}.values"] = k.contiguous().cpu(), v.contiguous().cpu()
         digests[f"digest.r{r}"] = state_digest(k.cpu(), v.cpu())
-    atomic_save(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata=digests))
+    atomic_write_bytes(Path(path), sorted_header(save(tensors, metadata=digests)))
     return digests
+
+
+def sorted_header(data: bytes) -> bytes:
+    """A safetensors file with its JSON header's keys sorted: safetensors writes its metadata in the order
+    of a hash map, which differs between calls, so identical states would give files of different sha256.
+    The header is 8 bytes of its length (little-endian), then JSON padded with spaces to 8 bytes; the
+    tensors' offsets count from its end, so reordering it moves nothing else."""
+    n = int.from_bytes(data[:8], "little")
+    header = json.dumps(json.loads(data[8:8 + n]), sort_keys=True, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    return len(header).to_bytes(8, "little") + header + data[8 + n:]
 
 
 def load_state(path: Path) -> tuple[dict, dict]:

@@ -6,6 +6,7 @@ anything, names cannot be paths, and bad input of any kind stops in one line tha
 and the key."""
 import dataclasses
 import errno
+import http.server
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -120,37 +122,179 @@ def test_a_second_runner_on_the_same_stage_stops_at_once(run, capsys):
     assert rundir.sha256_file(records_file) == before and (run / REPLAY / "DONE").exists()
 
 
+def test_a_relative_out_is_resolved_before_anything_starts(tmp_path, monkeypatch):
+    """From another directory, --out . is that directory for the runner, for the stage's kernel (which runs
+    in the repository) and for a campaign's runners and statistics notebook."""
+    import papermill
+    given = []
+
+    def execute_notebook(notebook, output, parameters=None, **kwargs):
+        given.append(parameters)
+        raise RuntimeError("the stand-in runs nothing")
+
+    monkeypatch.setattr(papermill, "execute_notebook", execute_notebook)
+    monkeypatch.chdir(tmp_path)
+    assert main([str(TINY), "--upto", "01", "--out", "."]) == 1
+    assert given[-1]["out_dir"] == str(tmp_path)
+    assert (tmp_path / "runs/tiny/01_sampling/run.log").exists()
+    c = campaign.load(REPO / "params/campaign-tiny.yaml")
+    with pytest.raises(RuntimeError, match="stand-in"):
+        campaign.execute_statistics(c, ".")
+    assert given[-1]["out_dir"] == str(tmp_path)
+    commands = []
+    monkeypatch.setattr(campaign.subprocess, "run", lambda cmd, **kw: commands.append(cmd) or
+                        subprocess.CompletedProcess(cmd, 0))
+    campaign._run_config(c, next(iter(c.configs)), ".", force=True, log_to_file=False)
+    assert commands[-1][commands[-1].index("--out") + 1] == str(tmp_path)
+
+
+def test_a_rerun_replaces_planted_links_and_writes_through_none(run, tmp_path):
+    """A finished stage's log, executed notebook and lock, and a figure, replaced by links to files
+    elsewhere: the rerun writes its own files in their place and leaves the targets as they were."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    planted = ["runs/tiny/02_pivot_mining/run.log", "runs/tiny/02_pivot_mining/02_pivot_mining.ipynb",
+               "runs/tiny/.locks/02_pivot_mining.lock", "figures/tiny/figS1_margins.png"]
+    for i, rel in enumerate(planted):
+        target = elsewhere / f"{i}-{Path(rel).name}"
+        target.write_text("not the run's")
+        (run / rel).unlink(missing_ok=True)
+        (run / rel).symlink_to(target)
+    assert main([str(TINY), "02", "--out", str(run)]) == 0
+    for i, rel in enumerate(planted):
+        assert (elsewhere / f"{i}-{Path(rel).name}").read_text() == "not the run's", rel
+        assert (run / rel).is_file() and not (run / rel).is_symlink(), rel
+    json.loads((run / planted[1]).read_text())  # the executed notebook, whole
+    assert rundir.verify_run(run / "runs" / "tiny") == []
+
+
+def test_a_linked_directory_in_a_finished_stage_is_removed_not_followed(run, tmp_path, monkeypatch):
+    """A link to a directory elsewhere planted in a finished stage: the rerun removes the link, deletes
+    nothing it points to, and finishes; a clear that stops midway leaves no DONE beside missing outputs."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "precious.txt").write_text("keep")
+    stage = run / "runs/tiny/02_pivot_mining"
+    (stage / "x").symlink_to(elsewhere)
+    assert main([str(TINY), "02", "--out", str(run)]) == 0
+    assert (elsewhere / "precious.txt").read_text() == "keep" and not (stage / "x").exists()
+    assert rundir.verify_run(run / "runs" / "tiny") == []
+    (stage / "x").mkdir()
+
+    def refuse(path, *a, **k):
+        raise OSError(errno.EBUSY, "Device or resource busy", str(path))
+    monkeypatch.setattr(rundir.shutil, "rmtree", refuse)
+    with pytest.raises(OSError) as e:
+        rundir.StageDir(params.load(TINY), "02_pivot_mining", run).clear()
+    assert str(stage / "x") in str(e.value) and "\n" not in str(e.value)
+    assert not (stage / "DONE").exists()
+
+
 # ---------------------------------------------------------------- injection and paths
 
 PAYLOADS = ('"><img src=x onerror="document.title=\'INJECTED\'">', "<script>document.title='INJECTED'</script>")
 
 
-def test_the_report_site_runs_no_script_from_a_received_run(run):
-    from replaylib import site, tables
-    nb_path = run / REPLAY / "03_three_pass_replay.ipynb"
+class Requests(http.server.BaseHTTPRequestHandler):
+    """A server on the loopback address that records every request: a page that loads anything from
+    outside itself, or runs script that fetches, shows up here."""
+    seen: list = []
+
+    def do_GET(self):
+        Requests.seen.append(self.path)
+        self.send_response(404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def received_notebook_payloads(nb_path: Path, remote: str) -> None:
+    """What a received run's notebook can carry: script in Markdown and in HTML outputs, an image whose
+    metadata nbconvert writes into the <img> tag unquoted, an image file name that is a remote URL, SVG
+    and JavaScript outputs."""
     nb = json.loads(nb_path.read_text())
-    nb["cells"].append({"cell_type": "markdown", "metadata": {}, "source": PAYLOADS[0] + PAYLOADS[1]})
-    nb["cells"].append({"cell_type": "code", "metadata": {}, "execution_count": 1, "source": "x",
-                        "outputs": [{"output_type": "display_data", "metadata": {},
-                                     "data": {"text/html": PAYLOADS[1] + PAYLOADS[0], "text/plain": "x"}}]})
+    onerror = "1 onerror=document.title=/INJECTED/.source"
+    nb["cells"].append({"cell_type": "markdown", "metadata": {}, "source": PAYLOADS[0] + PAYLOADS[1] +
+                        f'<img src="{remote}/markdown.png"><script>fetch("{remote}/markdown-script")</script>'
+                        f"![x]({remote}/markdown-image.png)"})
+    nb["cells"].append({"cell_type": "code", "metadata": {"tags": ['x" onmouseover="document.title=1']},
+                        "execution_count": 1, "source": "x", "outputs": [
+        {"output_type": "display_data", "metadata": {}, "data": {
+            "text/html": PAYLOADS[1] + PAYLOADS[0] + f'<img src="{remote}/html.png">', "text/plain": "x"}},
+        {"output_type": "display_data", "data": {"image/png": "AAAA", "text/plain": "x"},
+         "metadata": {"image/png": {"width": onerror, "height": onerror}}},
+        {"output_type": "display_data", "data": {"image/png": "AAAA", "text/plain": "x"},
+         "metadata": {"filenames": {"image/png": f"{remote}/filenames.png"}}},
+        {"output_type": "display_data", "metadata": {}, "data": {
+            "image/svg+xml": f'<svg xmlns="http://www.w3.org/2000/svg" onload="document.title=1">'
+                             f'<image href="{remote}/svg.png"/></svg>',
+            "application/javascript": f'fetch("{remote}/javascript")', "text/plain": "x"}}]})
     nb_path.write_text(json.dumps(nb))
-    (run / REPLAY / "runner.json").write_text(json.dumps({"seconds": PAYLOADS[1]}))
-    index = site.build("tiny", run)
-    pages = [index] + sorted((index.parent / "notebooks").glob("*.html"))
-    for page in pages:
-        text = page.read_text()
-        assert "<script>document.title" not in text and "onerror=" not in text.replace("&quot;", '"').split(
-            "<pre")[0] or "onerror=\"document" not in text, page
-        assert "<img src=x" not in text, page
-    # a table cell holding HTML stays text in the Markdown a notebook renders
-    md = tables._markdown(pd.DataFrame({"model": [PAYLOADS[0]]}))
-    assert "<img" not in md and "&lt;img" in md
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium:
+
+
+def test_string_ids_in_a_received_run_are_refused_and_shown_values_escaped(run):
+    """String ids in a received run's trunk or pivot table (the worked example's header would show them
+    as HTML) are not a table a stage wrote: one line naming the file and the column; and the header
+    escapes whatever it is given."""
+    from replaylib import examples, site
+    for rel, column in (("01_sampling/trunks.parquet", "problem_id"), ("02_pivot_mining/pivots.parquet", "rollout")):
+        path = run / "runs/tiny" / rel
+        original = path.read_bytes()
+        df = pd.read_parquet(path)
+        df[column] = PAYLOADS[1]
+        df.to_parquet(path)
+        with pytest.raises(ValueError) as e:
+            site.build("tiny", run)
+        assert f"{path}: column '{column}' must hold non-negative integers" in str(e.value)
+        assert "\n" not in str(e.value)
+        path.write_bytes(original)
+    trunk = pd.Series({"problem_id": PAYLOADS[1], "rollout": 0, "gen_ids": [1, 2], "topk_ids": [[1, 2], [2, 1]],
+                       "topk_logprobs": [[-0.1, -0.2], [-0.1, -3.0]], "correct": 1})
+    assert "<script>" not in examples.trunk_html(trunk, lambda ids: [f"<{i}>" for i in ids], 1.0)
+
+
+def test_the_report_site_runs_no_script_from_a_received_run(run):
+    """A received run carrying script and remote loads in its notebooks, manifest and tables: they are
+    escaped or dropped, every page forbids script and remote loads, and in Chromium no script runs and
+    nothing is requested from outside the page."""
+    from replaylib import site, tables
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Requests)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    remote = f"http://127.0.0.1:{server.server_address[1]}"
+    Requests.seen = []
+    try:
+        for stage in ("01_sampling", "03_three_pass_replay"):
+            received_notebook_payloads(run / "runs/tiny" / stage / f"{stage}.ipynb", remote)
+        manifest = run / REPLAY / "manifest.json"
+        m = json.loads(manifest.read_text())
+        m["device"] = {"gpu": PAYLOADS[1] + f'<img src="{remote}/manifest.png">'}
+        manifest.write_text(json.dumps(m))
+        claims = run / "tables/tiny/tab21_claims.csv"
+        claims.write_text(claims.read_text() + f'"{PAYLOADS[1]}<img src={remote}/table.png>",x,x\n')
+        assert report.main(["--html", str(run / "runs" / "tiny")]) == 0
+        index = run / "site/tiny/index.html"
+        pages = [index] + sorted((index.parent / "notebooks").glob("*.html"))
+        assert len(pages) == 6
+        chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+        for page in pages if chromium else []:
+            dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
+                                  "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
+            assert "<title>" in dom and "INJECTED" not in dom.split("</title>")[0], page
+            assert "<title>1</title>" not in dom, page
+        assert Requests.seen == [], Requests.seen
         for page in pages:
-            dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
-                                  page.as_uri()], capture_output=True, text=True, timeout=120).stdout
-            assert "INJECTED" not in dom.split("</title>")[0], page
+            text = page.read_text()
+            assert "<script>document.title" not in text and "<img src=x" not in text, page
+            assert "onerror=document" not in text and f"{remote}/filenames.png" not in text, page
+            assert f'<meta http-equiv="Content-Security-Policy" content="{site.CSP}">' in text, page
+        # a table cell holding HTML stays text in the Markdown a notebook renders
+        md = tables._markdown(pd.DataFrame({"model": [PAYLOADS[0]]}))
+        assert "<img" not in md and "&lt;img" in md
+        if not chromium:
+            pytest.skip("no chromium on this machine: the pages were checked as text only")
+    finally:
+        server.shutdown()
 
 
 def test_names_that_are_paths_are_refused(tmp_path, capsys):
@@ -162,6 +306,72 @@ def test_names_that_are_paths_are_refused(tmp_path, capsys):
                                  "name": "../escape"}))
     with pytest.raises(ValueError, match="parameter 'name' is '../escape'"):
         campaign.load(f)
+
+
+def test_the_report_site_writes_only_its_own_files_and_report_json_stays_out_of_runs(run, capsys):
+    from replaylib import site
+    mine = run / "site/tiny/notes.txt"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("mine")
+    site.build("tiny", run)
+    assert mine.read_text() == "mine" and (run / "site/tiny/index.html").exists()
+    records_file = run / REPLAY / "records.parquet"
+    params_json = run / REPLAY / "params.json"
+    before = rundir.sha256_file(params_json)
+    assert report.main(["--records", str(records_file), "--json", str(params_json)]) == 2
+    one_line(capsys, f"--json {params_json} is inside a runs/ directory")
+    assert rundir.sha256_file(params_json) == before
+
+
+def test_the_report_shows_only_the_products_the_statistics_manifest_lists(run):
+    """Figures and tables a run's statistics did not make (an earlier configuration's extra passes) stay
+    off its page; an unfinished statistics stage is said to be, and its files are not shown."""
+    from replaylib import site
+    figures, tables = run / "figures/tiny", run / "tables/tiny"
+    shutil.copy(figures / "fig1_quadrants.png", figures / "fig4_passes.png")
+    shutil.copy(tables / "tab1_main.csv", tables / "tab19_transplant.csv")
+    index = site.build("tiny", run).read_text()
+    assert 'src="figures/fig1_quadrants.png"' in index and "<h3>tab1_main</h3>" in index
+    assert "fig4_passes" not in index and "tab19_transplant" not in index
+    (run / "runs/tiny/04_statistics/DONE").unlink()
+    index = site.build("tiny", run).read_text()
+    assert "Stage 04_statistics is unfinished" in index
+    assert "fig1_quadrants" not in index and "<h3>tab1_main</h3>" not in index
+
+
+def test_report_html_builds_the_run_it_is_given_or_says_why_not(run, tmp_path, capsys):
+    """A run directory not under runs/ (a received run unpacked anywhere) is refused, not confused with
+    the runs/<name> beside it."""
+    received = tmp_path / "received" / "tiny"
+    shutil.copytree(run / "runs/tiny", received)
+    for part in ("runs", "tables", "figures"):  # another run of the same name, beside it
+        shutil.copytree(run / part / "tiny", tmp_path / part / "tiny")
+    assert report.main(["--html", str(received)]) == 2
+    one_line(capsys, f"{received}: not a run directory runs/<config>")
+    assert not (tmp_path / "site").exists()
+
+
+def test_report_html_names_a_missing_run_directory_as_given(tmp_path, capsys):
+    missing = tmp_path / "no-such" / "tiny"
+    assert report.main(["--html", str(missing)]) == 2
+    one_line(capsys, f"{missing}: no such run directory")
+
+
+def test_a_renamed_run_copies_only_stages_this_user_made(run):
+    """A received run with the same stage keys, first in name order, whose manifests this user's key did
+    not sign: a notebook under a new name copies from the user's own run, never from it."""
+    received = run / "runs" / "aaa-received"
+    for stage in ("01_sampling", "02_pivot_mining"):
+        shutil.copytree(run / "runs/tiny" / stage, received / stage)
+        m = json.loads((received / stage / "manifest.json").read_text())
+        m["origin"] = "0" * 64
+        (received / stage / "manifest.json").write_text(json.dumps(m))
+    renamed = dataclasses.replace(params.load(TINY), k=3, config="tiny-k3")
+    rundir.StageDir(renamed, "03_three_pass_replay", run)._copy_missing_upstream()
+    for stage in ("01_sampling", "02_pivot_mining"):
+        manifest = json.loads((run / "runs/tiny-k3" / stage / "manifest.json").read_text())
+        assert manifest["copied_from"] == f"runs/tiny/{stage}"
+        assert rundir.made_here(manifest)
 
 
 def test_a_received_run_never_fetches_its_tokenizer(monkeypatch):
@@ -287,6 +497,102 @@ def test_a_finished_stage_whose_outputs_changed_is_stale(run):
     (run / "runs/tiny/02_pivot_mining/pivots.parquet").write_bytes(b"changed")
     todo = dict(plan(params.load(TINY), [], False, run))
     assert todo["02_pivot_mining"] == "its output pivots.parquet changed or went missing since it finished"
+
+
+def test_an_edited_product_makes_the_statistics_stale(run):
+    """Table 1 and the figures are stage 04's outputs like any other: editing one reruns it."""
+    table1 = run / "tables/tiny/tab1_main.csv"
+    table1.write_text(table1.read_text().replace("tiny", "tiny (edited)"))
+    assert dict(plan(params.load(TINY), [], False, run)) == {
+        "04_statistics": "its product tables/tiny/tab1_main.csv changed or went missing since it finished"}
+
+
+@pytest.mark.parametrize("key, value", [("k", 1_000_000), ("bootstrap_draws", 1_000_000_000),
+                                        ("n_problems", 1_000_000_000)])
+def test_values_that_size_an_allocation_have_an_upper_bound(tmp_path, capsys, key, value):
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump({"config": "p", key: value}))
+    assert main([str(f), "--dry-run", "--out", str(tmp_path)]) == 2
+    one_line(capsys, str(f), f"parameter '{key}' is {value}; it must be at most")
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once_without_printing_it(tmp_path, capsys):
+    levels = ["&a0 [" + ", ".join(["lol"] * 10) + "]"]
+    levels += [f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 6)]
+    f = tmp_path / "bomb.yaml"
+    f.write_text(f"config: bomb\npasses: [{', '.join(levels)}]\n")
+    started = time.monotonic()
+    assert main([str(f), "--dry-run", "--out", str(tmp_path)]) == 2
+    err = one_line(capsys, str(f), "alias")
+    assert len(err) < 400 and time.monotonic() - started < 10, err[:400]
+
+
+@pytest.mark.parametrize("text", ["? [1, 2]\n: 3\n", "1: 3\n", "config: x\ntemperature: 1.0e-300\n",
+                                  "config: x\ncont_temperature: 1.0e-300\n"])
+def test_odd_keys_and_a_vanishing_temperature_are_one_line(tmp_path, capsys, text):
+    f = tmp_path / "odd.yaml"
+    f.write_text(text)
+    assert main([str(f), "--dry-run", "--out", str(tmp_path)]) == 2
+    one_line(capsys, str(f))
+
+
+def test_a_records_config_is_type_checked_before_its_grid(tmp_path):
+    """K given as 4.0 or "4" does not skip the 1/K grid check: the setting itself is refused."""
+    src = json.loads((REPO / "data/paper-records/2026-06-11/primary.json").read_text())
+    src["pivots"][3]["A_exact1"] = 0.3
+    for k in (4.0, "4"):
+        src["config"]["k"] = k
+        f = tmp_path / "k.json"
+        f.write_text(json.dumps(src))
+        with pytest.raises(ValueError) as e:
+            records.load_records(f)
+        assert f"{f}: config setting 'k' is {k!r}" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ('{"pivots": ' + "[" * 200_000 + "]" * 200_000 + "}", "nested too deeply"),
+    (json.dumps({"pivots": [{"problem_id": 0, "rollout": 0, "abs_pos": 5, "margin": 0.1, "A_exact1": 0.0,
+                             "A_exact2": 0.0, "A_refeed": 0.0, "greedy_first_exact1": {"actual": [1e400, -0.1]}}]}),
+     "needs {arm: [first token id, finite first logprob]}"),
+    (json.dumps({"pivots": [{"problem_id": 0, "rollout": 0, "abs_pos": 5, "margin": 0.1, "A_exact1": 0.0,
+                             "A_exact2": 0.0, "A_refeed": 0.0, "greedy_first_exact1": {"actual": [3, 1e400]}}]}),
+     "needs {arm: [first token id, finite first logprob]}"),
+])
+def test_a_deep_or_infinite_records_file_is_one_line(tmp_path, body, fragment):
+    f = tmp_path / "odd.json"
+    f.write_text(body.replace("1e400", "Infinity"))
+    with pytest.raises(ValueError) as e:
+        records.load_records(f)
+    assert fragment in str(e.value) and str(f) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_runner_file_of_the_wrong_shape_is_one_line(run, capsys):
+    runner = run / REPLAY / "runner.json"
+    for body in ("[1, 2]", json.dumps({"seconds": {"a": 1}})):
+        runner.write_text(body)
+        assert report.main(["--html", str(run / "runs" / "tiny")]) == 2
+        one_line(capsys, str(runner))
+
+
+def test_a_received_notebook_that_is_not_a_notebook_is_one_line(run, capsys):
+    nb_path = run / REPLAY / "03_three_pass_replay.ipynb"
+    nb = json.loads(nb_path.read_text())
+    nb["cells"][1]["outputs"] = "not a list of outputs"
+    nb_path.write_text(json.dumps(nb))
+    assert report.main(["--html", str(run / "runs" / "tiny")]) == 2
+    one_line(capsys, f"{nb_path}: not a valid notebook")
+
+
+def test_a_ray_address_where_nothing_listens_is_one_line_at_once():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free once closed: nothing listens there
+    proc = subprocess.run([sys.executable, "-c", "from replaylib.executor import join_ray; "
+                           f"join_ray('127.0.0.1:{port}', 'tiny')"], cwd=REPO, capture_output=True, text=True,
+                          timeout=90, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+    assert proc.returncode == 1
+    assert f"cannot join the Ray cluster at 127.0.0.1:{port}: nothing answers there" in proc.stderr.splitlines()[-1]
 
 
 def test_an_empty_file_a_repeated_key_and_a_nested_pass_are_refused(tmp_path):
@@ -428,6 +734,81 @@ def test_a_full_disk_names_the_file(tmp_path, monkeypatch):
         rundir.atomic_write_json(target, {"a": 1})
     assert str(target) in str(e.value) and "no space left" in str(e.value)
     assert not list(tmp_path.glob(".x.json*"))  # nothing half-written
+
+
+def test_a_full_disk_mid_stage_names_the_file_and_leaves_a_whole_notebook(tmp_path, monkeypatch, capsys):
+    """papermill writing the executed notebook hits a full disk: the summary names the notebook, and the
+    notebook it points to is whole JSON or absent, never half-written; a figure on a full disk names itself."""
+    import papermill
+
+    def execute_notebook(notebook, output, **kwargs):
+        Path(output).write_text('{"cells": [')  # half of a notebook
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(papermill, "execute_notebook", execute_notebook)
+    assert main([str(TINY), "--upto", "01", "--out", str(tmp_path)]) == 1
+    nb = tmp_path / "runs/tiny/01_sampling/01_sampling.ipynb"
+    err = capsys.readouterr().err
+    assert f"{nb}: no space left on the disk" in err and "Traceback" not in err
+    assert not nb.exists() or json.loads(nb.read_text())
+    from replaylib import plotting
+    import matplotlib.pyplot as plt
+    fig, _ = plt.subplots()
+    monkeypatch.setattr(fig, "savefig", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space")))
+    with pytest.raises(OSError, match=f"{tmp_path / 'figs' / 'f.pdf'}: no space left"):
+        plotting.save_figure(fig, "f", tmp_path / "figs")
+    plt.close(fig)
+
+
+def test_a_write_error_names_the_file_not_its_temporary_name(tmp_path, monkeypatch):
+    target = tmp_path / "x.json"
+
+    def no_temp(dir, prefix, suffix):
+        raise PermissionError(errno.EACCES, "Permission denied", f"{dir}/{prefix}abc{suffix}")
+    monkeypatch.setattr(rundir.tempfile, "mkstemp", no_temp)
+    with pytest.raises(OSError) as e:
+        rundir.atomic_write_json(target, {"a": 1})
+    assert str(target) in str(e.value) and ".tmp" not in str(e.value)
+
+    def writer(tmp):  # pyarrow's way: the message names the file it opened, with no errno
+        raise OSError(f"Failed to open local file '{tmp}'. Detail: [errno 13] Permission denied")
+    with pytest.raises(OSError) as e:
+        rundir.atomic_save(tmp_path / "t.parquet", writer)
+    assert str(tmp_path / "t.parquet") in str(e.value) and ".tmp" not in str(e.value)
+
+
+def test_only_the_runner_holding_the_lock_replaces_a_finished_stage(run, monkeypatch):
+    """REPLAYLIB_RUNNER exported in a shell is no runner's word: a notebook or papermill run with changed
+    values still refuses to replace the finished stage."""
+    from replaylib import pivots
+    monkeypatch.setenv("REPLAYLIB_RUNNER", "1")
+    before = rundir.sha256_file(run / "runs/tiny/02_pivot_mining/pivots.parquet")
+    tiny = params.load(TINY)
+    changed = dataclasses.replace(tiny, margin_threshold=tiny.margin_threshold + 0.5)
+    with pytest.raises(rundir.UpstreamError, match="made with other parameters"):
+        pivots.run(changed, run)
+    assert rundir.sha256_file(run / "runs/tiny/02_pivot_mining/pivots.parquet") == before
+
+
+def test_the_lock_file_does_not_give_away_the_runners_token(run):
+    """The lock file is readable by anyone who can read the run: it records the token's sha256, so the
+    token handed to the stage's kernel cannot be read from it to take the stage."""
+    holder = subprocess.Popen([sys.executable, "-c", "import time; from pathlib import Path; from replaylib import "
+                               f"rundir; rundir.StageLock(Path({str(run)!r}), 'tiny', '03_three_pass_replay')"
+                               ".acquire('the-runners-secret'); print('held', flush=True); time.sleep(120)"],
+                              cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        lock = rundir.StageLock(run, "tiny", "03_three_pass_replay")
+        text = lock.path.read_text()
+        assert "the-runners-secret" not in text
+        for guess in [json.loads(text).get("token"), *json.loads(text).values()]:
+            with pytest.raises(rundir.StageBusy):
+                rundir.StageLock(run, "tiny", "03_three_pass_replay").acquire(str(guess) if guess else None)
+        assert rundir.StageLock(run, "tiny", "03_three_pass_replay").acquire("the-runners-secret").handed
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_campaign_and_power_values_are_one_line(tmp_path, capsys):

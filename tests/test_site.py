@@ -179,21 +179,25 @@ def test_the_report_site_renders_in_a_browser(tiny_run, tmp_path_factory):
     out, _ = tiny_run
     site = out / "site" / "tiny"
     browser = chromium()
-    # a copy of the index with a script that writes what the browser loaded into the page
+    # the index forbids script (its Content-Security-Policy): a page of the test's own frames it and reports
+    # what the browser loaded in it, under the index's policy
     check = site / "index.check.html"
-    check.write_text((site / "index.html").read_text().replace("</body>", """<script>
-window.addEventListener("load", () => {
-  const imgs = [...document.images];
-  const t1 = document.querySelector("table.table1");
+    check.write_text("""<!DOCTYPE html><html><head><meta charset="utf-8"></head><body>
+<iframe id="report" src="index.html" width="1280" height="2400"></iframe>
+<script>
+document.getElementById("report").addEventListener("load", (event) => {
+  const doc = event.target.contentDocument;
+  const imgs = [...doc.images];
+  const t1 = doc.querySelector("table.table1");
   document.body.setAttribute("data-check", JSON.stringify({
     images: imgs.length, loaded: imgs.filter(i => i.complete && i.naturalWidth > 0).map(i => i.getAttribute("src")),
     table1_rows: t1 ? [...t1.querySelectorAll("tbody tr")].map(r => r.cells[0].textContent) : null,
     table1_visible: t1 ? t1.getBoundingClientRect().height > 0 : false}));
 });
-</script></body>"""))
+</script></body></html>""")
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--virtual-time-budget=10000"]
-    dom = subprocess.run([browser, *flags, "--dump-dom", check.as_uri()], capture_output=True, text=True,
-                         timeout=120).stdout
+    dom = subprocess.run([browser, *flags, "--allow-file-access-from-files", "--dump-dom", check.as_uri()],
+                         capture_output=True, text=True, timeout=120).stdout
     found = re.search(r"data-check=\"([^\"]*)\"", dom)
     assert found, dom[-2000:]
     result = json.loads(found.group(1).replace("&quot;", '"'))

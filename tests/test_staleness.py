@@ -140,3 +140,18 @@ def test_a_stage_s_fingerprint_follows_its_computation_not_its_display(tmp_path,
         f.write("\n# a changed engine\n")
     assert rundir.code_fingerprint(stage) != before
     assert "plotting" in rundir.stage_modules("04_statistics")  # the statistics stage draws its figures
+
+
+def test_the_same_decode_time_state_saves_to_the_same_bytes(tmp_path):
+    """Stage 01 rerun with identical results writes identical state files, so nothing downstream turns
+    stale (safetensors writes its header's metadata in hash-map order, which differs between calls)."""
+    import torch
+
+    from replaylib.rundir import sha256_file
+    from replaylib.state import load_state, save_state
+    state = {r: (torch.full((2, 2, 3, 4), float(r)), torch.full((2, 2, 3, 4), -float(r))) for r in range(8)}
+    for i in range(4):
+        save_state(state, tmp_path / f"{i}.safetensors")
+    assert len({sha256_file(tmp_path / f"{i}.safetensors") for i in range(4)}) == 1
+    loaded, verified = load_state(tmp_path / "0.safetensors")
+    assert all(verified.values()) and torch.equal(loaded[3][0], state[3][0])
