@@ -144,7 +144,8 @@ def test_a_relative_out_is_resolved_before_anything_starts(tmp_path, monkeypatch
     commands = []
     monkeypatch.setattr(campaign.subprocess, "run", lambda cmd, **kw: commands.append(cmd) or
                         subprocess.CompletedProcess(cmd, 0))
-    campaign._run_config(c, next(iter(c.configs)), ".", force=True, log_to_file=False)
+    name = next(iter(c.configs))
+    campaign._run_job(c, campaign.Job(name, c.stages_needed(name), []), ".", force=True, log_to_file=False)
     assert commands[-1][commands[-1].index("--out") + 1] == str(tmp_path)
 
 
