@@ -36,16 +36,13 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import dataclasses
 import json
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from unittest import mock
 
 import pandas as pd
 import yaml
@@ -474,22 +471,6 @@ def _side_by_side(c: Campaign, jobs: list[Job], width: int, out_dir, force: bool
     return failed
 
 
-@contextlib.contextmanager
-def engine_broker(c: Campaign, todo: list[str], out_dir=None):
-    """One engine broker for the whole campaign, where its configurations' stages share vLLM engines of
-    the same settings (replaylib.engine_service); the runners it starts find it in their environment."""
-    from .engine_service import EngineBroker, wants_broker
-    if not any(wants_broker(c.configs[n], c.stages_read(n)) for n in todo):
-        yield None
-        return
-    broker = EngineBroker(out_dir)
-    try:
-        with mock.patch.dict(os.environ, broker.env()):
-            yield broker
-    finally:
-        broker.close()
-
-
 def execute_statistics(c: Campaign, out_dir=None) -> Path:
     """Run notebooks/06_campaign.ipynb with papermill; returns the executed notebook."""
     from .rundir import notebook_path
@@ -544,7 +525,9 @@ def main(argv=None) -> int:
         print(f"[campaign] {c.label}: statistics: " + (f"would run ({reason})" if reason else "up to date"))
         return 0
     if todo:
-        with engine_broker(c, list(todo), out):
+        from .engine_service import run_broker, wants_broker
+        # one broker for the whole campaign: its configurations' stages share vLLM engines of the same settings
+        with run_broker(any(wants_broker(c.configs[n], c.stages_read(n)) for n in todo), out):
             failed = run_configs(c, list(todo), out, args.force)
         if failed:
             print(f"error: {c.label}: configuration {', '.join(failed)} failed (see its stage notebook under "

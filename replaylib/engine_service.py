@@ -49,6 +49,7 @@ import traceback
 from multiprocessing.connection import Client, Listener
 from multiprocessing import AuthenticationError
 from pathlib import Path
+from unittest import mock
 
 from . import progress
 
@@ -74,6 +75,22 @@ def wants_broker(params, stages) -> bool:
     from .stages import stage as stage_entry
     return (params.engine == "vllm" and params.executor == "local" and params.shared_engine
             and any(stage_entry(s).engine for s in stages))
+
+
+@contextlib.contextmanager
+def run_broker(needed: bool, out_dir=None):
+    """The engine broker of a run or a campaign, set in the environment its stages' processes inherit;
+    None where it needs none, or where an enclosing run (a campaign's runner) has one already. Its engines
+    stop when the run ends."""
+    if os.environ.get(BROKER_ENV) or not needed:
+        yield None
+        return
+    broker = EngineBroker(out_dir)
+    try:
+        with mock.patch.dict(os.environ, broker.env()):
+            yield broker
+    finally:
+        broker.close()
 
 
 def compile_key(identity: dict) -> str:

@@ -36,7 +36,7 @@ from tqdm import tqdm
 from . import progress
 from .params import Params, load
 from .stages import ALIASES, RUN_ORDER, STAGES
-from .rundir import (LOCK_TOKEN_ENV, PARAMS_FILE_ENV, REPO, StageDir, StageLock, atomic_write_json, changed_outputs,
+from .rundir import (LOCK_TOKEN_ENV, PARAMS_FILE_ENV, StageDir, StageLock, atomic_write_json, changed_outputs,
                      code_fingerprint, execute_notebook, figures_dir, is_done, notebook_path, open_new, out_root,
                      tables_dir)
 
@@ -395,27 +395,12 @@ def main(argv=None) -> int:
     ran = []
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
-        with engine_broker(params, [s for s, _ in todo], out):
+        from .engine_service import run_broker, wants_broker
+        with run_broker(wants_broker(params, [s for s, _ in todo]), out):  # the run's stages share its vLLM engines
             stopped = _run_stages(params, todo, args, runs, ran, out)
     finally:
         signal.signal(signal.SIGTERM, previous)
     return stopped if stopped is not None else _finish(params, args, ran, out)
-
-
-@contextlib.contextmanager
-def engine_broker(params: Params, stages: list[str], out_dir):
-    """The run's engine broker, where its stages share vLLM engines (replaylib.engine_service): started
-    here unless a campaign running this runner has one already; its engines stop when the run ends."""
-    from .engine_service import BROKER_ENV, EngineBroker, wants_broker
-    if os.environ.get(BROKER_ENV) or not wants_broker(params, stages):
-        yield None
-        return
-    broker = EngineBroker(out_dir)
-    try:
-        with mock.patch.dict(os.environ, broker.env()):
-            yield broker
-    finally:
-        broker.close()
 
 
 def _run_stages(params: Params, todo, args, runs: Path, ran: list, out: Path) -> int | None:

@@ -18,7 +18,7 @@ import yaml
 
 from replaylib import params, progress
 from replaylib.engine import FACTORY_ENV
-from replaylib.engine_service import BROKER_ENV, EngineBroker, EngineServiceError, ServedExecutor
+from replaylib.engine_service import EngineBroker, EngineServiceError, ServedExecutor
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
