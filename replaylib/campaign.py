@@ -445,19 +445,21 @@ def _side_by_side(c: Campaign, jobs: list[Job], width: int, out_dir, force: bool
             producing.setdefault(job.config, []).append(job)
     finished: set = set()
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, width)) as pool:
+        def start(job: Job) -> None:
+            pending.remove(job)
+            running[pool.submit(_run_job, c, job, out_dir, force, True)] = job
+            print(f"[campaign] {c.label}: configuration {job.config}"
+                  + ("" if job.copies else f" ({', '.join(job.upto)})") + f" started {where}", flush=True)
+
         while pending or running:
             ended = {config: all(id(j) in finished for j in js) for config, js in producing.items()}
             for job in list(pending):
                 if len(running) >= width:
                     break
                 if _ready(c, job, ended, out_dir):
-                    pending.remove(job)
-                    running[pool.submit(_run_job, c, job, out_dir, force, True)] = job
-                    print(f"[campaign] {c.label}: configuration {job.config}"
-                          + ("" if job.copies else f" ({', '.join(job.upto)})") + f" started {where}", flush=True)
+                    start(job)
             if not running and pending:  # nothing running makes what the first one waits for: it makes it
-                job = pending.pop(0)
-                running[pool.submit(_run_job, c, job, out_dir, force, True)] = job
+                start(pending[0])
             done, _ = concurrent.futures.wait(running, timeout=poll_s,
                                               return_when=concurrent.futures.FIRST_COMPLETED)
             for fut in done:

@@ -64,17 +64,20 @@ class EngineServiceError(RuntimeError):
     pass
 
 
+def shares_engines(params) -> bool:
+    """Whether this configuration's stages share vLLM engines under a runner or a campaign."""
+    return params.engine == "vllm" and params.executor == "local" and params.shared_engine
+
+
 def served(params) -> bool:
     """Whether a stage with these parameters leases its engine from the run's broker."""
-    return (params.engine == "vllm" and params.executor == "local" and params.shared_engine
-            and bool(os.environ.get(BROKER_ENV)))
+    return shares_engines(params) and bool(os.environ.get(BROKER_ENV))
 
 
 def wants_broker(params, stages) -> bool:
     """Whether a runner or campaign running these stages of this configuration should start a broker."""
     from .stages import stage as stage_entry
-    return (params.engine == "vllm" and params.executor == "local" and params.shared_engine
-            and any(stage_entry(s).engine for s in stages))
+    return shares_engines(params) and any(stage_entry(s).engine for s in stages)
 
 
 @contextlib.contextmanager
@@ -148,7 +151,7 @@ class ServedExecutor:
                 raise EngineServiceError(f"config '{params.config}': the broker leased an engine of another identity "
                                          f"({_difference(self.info['identity'], self.want)}); refusing it")
             self.conn = _connect(self.info["address"], bytes.fromhex(self.info["key"]), "the shared engine server")
-            self.described = self._request(("configure", params), "configure")
+            self._request(("configure", params), "configure")
         except BaseException:
             self.close()
             raise
@@ -230,7 +233,7 @@ class _Server:
         self.address = str(broker.private / f"engine-{number}.sock")
         self.key = secrets.token_bytes(32)
         self.log = broker.log_dir / f"engine-{number}.log"
-        self.state, self.proc, self.start_s, self.described = "starting", None, None, None
+        self.state, self.proc = "starting", None
         self.events = {"identity": identity, "log": str(self.log), "leases": []}
 
     def alive(self) -> bool:
@@ -250,9 +253,9 @@ class _Server:
         env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in [env.get("PYTHONPATH")] if p])
         env.setdefault("VLLM_CACHE_ROOT", str(broker.root / "runs" / ".vllm-cache"))
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        self.began = time.time()
-        self.events["start_began"] = self.began
-        with open(self.log, "ab") as out:
+        self.events["start_began"] = time.time()
+        from .rundir import open_new
+        with open_new(self.log) as out:  # never through a link planted at its name
             self.proc = subprocess.Popen([sys.executable, "-m", "replaylib.engine_service", str(spec)], cwd=REPO,
                                          env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True)
@@ -268,9 +271,9 @@ class _Server:
                     from .engine import EngineUnavailable
                     cls = EngineUnavailable if result.get("type") == "EngineUnavailable" else EngineServiceError
                     raise cls(result["error"])
-                self.described, self.start_s = result["describe"], time.time() - self.began
-                self.events.update({"ready": time.time(), "start_s": round(self.start_s, 2),
-                                    "engine": self.described})
+                ready = time.time()
+                self.events.update({"ready": ready, "start_s": round(ready - self.events["start_began"], 2),
+                                    "engine": result["describe"]})
                 return
             if self.proc.poll() is not None:
                 raise EngineServiceError(f"the vLLM engine server (pid {self.proc.pid}) exited with code "
@@ -298,8 +301,7 @@ class _Server:
 
     def info(self, started: bool) -> dict:
         return {"address": self.address, "key": self.key.hex(), "pid": self.proc.pid, "identity": self.identity,
-                "describe": self.described, "started": started,
-                "start_s": round(self.start_s, 2) if started and self.start_s is not None else None,
+                "started": started, "start_s": self.events.get("start_s") if started else None,
                 "log": str(self.log)}
 
 
@@ -354,7 +356,7 @@ class EngineBroker:
                 conn.send(("error", sendable(e)))
         finally:
             if server is not None:
-                self._release(server, who)
+                self._release(server)
             conn.close()
 
     def _acquire(self, identity: dict, params, invariant: bool, who: str, conn) -> tuple[_Server, bool]:
@@ -410,7 +412,7 @@ class EngineBroker:
         server.state = "busy"
         server.events["leases"].append({"stage": who, "leased": time.time()})
 
-    def _release(self, server: _Server, who: str) -> None:
+    def _release(self, server: _Server) -> None:
         with self.cond:
             if server.events["leases"] and "released" not in server.events["leases"][-1]:
                 server.events["leases"][-1]["released"] = time.time()
@@ -509,7 +511,7 @@ def _serve_stage(engine, conn) -> None:
                 return
             if kind == "configure":
                 engine.configure(message[1])
-                reply = ("result", engine.describe())
+                reply = ("result", None)
             elif kind == "call":
                 _, fn, args = message
                 with _forwarding(conn):
@@ -527,13 +529,6 @@ def _serve_stage(engine, conn) -> None:
                 conn.send(("error", sendable(EngineServiceError(f"the unit's result cannot be sent back: {e}"))))
 
 
-def _write_status(path: str, status: dict) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(status, f, default=str)
-    os.replace(tmp, path)
-
-
 def serve(spec_path: str) -> int:
     """The engine server: build the engine, say so, then serve stages one at a time until stopped."""
     with open(spec_path, "rb") as f:
@@ -547,18 +542,19 @@ def serve(spec_path: str) -> int:
     logging.getLogger("replaylib").addHandler(handler)
     logging.getLogger("replaylib").setLevel(logging.INFO)
     params = spec["params"]
+    from .rundir import atomic_write_json
     try:
         from .engine import make_engine
         engine = make_engine(params, invariant=spec["invariant"])
     except BaseException as e:  # noqa: BLE001 - the broker relays it to the stage in one line
         traceback.print_exc()
-        _write_status(spec["status"], {"error": str(e).strip().splitlines()[-1] if str(e).strip() else one_line(e),
-                                       "type": type(e).__name__})
+        message = str(e).strip().splitlines()[-1] if str(e).strip() else one_line(e)
+        atomic_write_json(Path(spec["status"]), {"error": message, "type": type(e).__name__})
         return 1
     try:
         listener = Listener(spec["address"], family="AF_UNIX", authkey=bytes.fromhex(spec["key"]))
         log.info("engine up (config %s, %s): %s", params.config, engine.describe().get("serving"), engine.describe())
-        _write_status(spec["status"], {"ready": True, "pid": os.getpid(), "describe": engine.describe()})
+        atomic_write_json(Path(spec["status"]), {"ready": True, "pid": os.getpid(), "describe": engine.describe()})
         while True:
             try:
                 conn = listener.accept()

@@ -343,4 +343,4 @@ def make_executor(params: Params, invariant: bool = False, workers: int | None =
 
 def lease_record(ex) -> dict:
     """What a stage's manifest records of a shared engine it leased (nothing for an engine of its own)."""
-    return {"engine_lease": ex.lease_info} if getattr(ex, "lease_info", None) else {}
+    return {"engine_lease": ex.lease_info} if ex.lease_info else {}
