@@ -17,7 +17,7 @@ each stage is still its papermill notebook), one after the other, or side by sid
 process of its own, started as soon as what it needs exists (a configuration that copies stages
 from another, once those stages are finished; the batch-invariant stage, a runner of its own, once
 its configuration's stage 1 is). Local vLLM engines are shared by the whole campaign: one per model
-and settings serves every stage that needs it (replaylib.engine_service); Ray actors wait for free
+and settings serves every stage that needs it (replaylib.runtime.engine_service); Ray actors wait for free
 GPUs. Then the campaign statistics notebook
 (notebooks/06_campaign.ipynb) writes tables/campaign-<name>/ (tab1_main, live_vs_published)
 and figures/campaign-<name>/ (Figures 1-3), and runs/campaign-<name>/manifest.json with
@@ -44,239 +44,26 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
 import yaml
 
-from . import params as params_mod
-from . import records as rec
-from . import live_vs_published
-from .params import EXECUTOR_KEYS, Params, read_mapping
-from .stages import CAMPAIGN, RUN_ORDER
-from .rundir import (REPO, atomic_save, atomic_write_bytes, changed_outputs, code_fingerprint, copy_stage,
-                     execute_notebook, figures_dir, open_new, out_root, sha256_file, tables_dir,
-                     write_finished)
+from .core.files import atomic_write_bytes, open_new
+from .core.paths import REPO, out_root, tables_dir
+from .runtime import params as params_mod
+from .runtime.campaigns import Campaign, load
+from .runtime.registry import CAMPAIGN
+from .runtime.rundir import (
+    changed_outputs,
+    copy_stage,
+)
+from .stages.campaign_statistics import execute_statistics, statistics_staleness
 
-NOTEBOOK = CAMPAIGN.name
-TOP_KEYS = {"name", "note", "rows", "invariant", "figure1", "figure3", "bootstrap_draws", "concurrent_configs",
-            *EXECUTOR_KEYS}
-ROW_KEYS = {"label", "params", "published"}
 # the Table 1 quantities compared with the published values
-
-
-@dataclass
-class Row:
-    label: str
-    configs: list[str]  # config names, pooled in this order
-    published: str
-
-
-@dataclass
-class Campaign:
-    name: str
-    path: Path
-    note: str
-    rows: list[Row]
-    invariant: Row  # one configuration's stage 5
-    figure1: str
-    figure3: list[str]
-    configs: dict  # config name -> Params (executor overrides applied)
-    sources: dict  # config name -> params file it was read from
-    bootstrap_draws: int
-    concurrent_configs: int
-
-    @property
-    def label(self) -> str:
-        return f"campaign-{self.name}"
-
-    @property
-    def executor(self) -> str:
-        return next(iter(self.configs.values())).executor
-
-    def stages_needed(self, name: str) -> list[str]:
-        """The stages the campaign reads from a configuration: the replay records (stage 3) of the
-        rows' and Figure 3's configurations, stage 5 of the batch-invariant one; a configuration's
-        own statistics (stage 4, which needs its stage 5) are left to `python -m replaylib.run`."""
-        stages = []
-        if any(name in r.configs for r in self.rows) or name in self.figure3:
-            stages.append("03_three_pass_replay")
-        if name in self.invariant.configs:
-            stages.append("05_batch_invariant")
-        return stages
-
-    def stages_read(self, name: str) -> list[str]:
-        """stages_needed and every stage they read, in run order."""
-        closure = self.configs[name].reading(self.stages_needed(name))
-        return [s for s in RUN_ORDER if s in closure]
-
-    def shared_stages(self) -> dict:
-        """{(config, stage): source config}: a stage whose key (its parameters and its upstream
-        stages' keys) equals an earlier configuration's is copied from it, not computed again (e.g. a
-        K=8 row on the screened cohort: its sampling and pivot stages are the screened row's)."""
-        first, shared = {}, {}
-        for name, p in self.configs.items():
-            for stage in self.stages_read(name):
-                source = first.setdefault((stage, p.stage_key(stage)), name)
-                if source != name:
-                    shared[(name, stage)] = source
-        return shared
-
-
-def _resolve(path, where: str, key: str) -> Path:
-    p = Path(path)
-    p = p if p.is_absolute() else REPO / p
-    if not p.is_file():
-        raise ValueError(f"{where}: '{key}' names {path}, which does not exist (paths resolve from the repository "
-                         f"root {REPO}); fix the path")
-    return p
-
-
-def load(path, overrides: dict | None = None) -> Campaign:
-    """Read and check a campaign file; ``overrides``: executor values from the command line."""
-    path = Path(path)
-    where = str(path)
-    data = read_mapping(path, "campaign file not found; pick one of params/campaign-*.yaml",
-                        "(name, rows, invariant, figure1, figure3, ...)")
-    unknown = sorted(set(data) - TOP_KEYS)
-    if unknown:
-        raise ValueError(f"{where}: unknown key '{unknown[0]}'; campaign keys are {', '.join(sorted(TOP_KEYS))}")
-    for key in ("rows", "invariant", "figure1", "figure3"):
-        if key not in data:
-            raise ValueError(f"{where}: key '{key}' is missing; add it (see params/campaign-paper.yaml)")
-    executor = {k: data[k] for k in EXECUTOR_KEYS if k in data}
-    executor.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    configs, sources = {}, {}
-
-    def config_of(file, key) -> str:
-        p = _resolve(file, where, key)
-        loaded = params_mod.load(p)
-        try:
-            merged = params_mod.make({**loaded.to_dict(), **executor}, where=f"{where} (executor values)")
-        except ValueError as e:
-            raise ValueError(str(e)) from None
-        name = merged.config
-        if name in sources and sources[name] != p:
-            raise ValueError(f"{where}: '{key}': {p} and {sources[name]} both have config '{name}'; give each "
-                             f"configuration its own config name")
-        configs[name], sources[name] = merged, p
-        return name
-
-    def row_of(entry, key) -> Row:
-        if not isinstance(entry, dict) or set(entry) - ROW_KEYS or "label" not in entry or "params" not in entry:
-            raise ValueError(f"{where}: '{key}' must be a mapping with label, params (a file or a list) and published")
-        files = entry["params"] if isinstance(entry["params"], list) else [entry["params"]]
-        published = entry.get("published")
-        if published not in rec.PAPER_ROWS:
-            raise ValueError(f"{where}: '{key}' row {entry['label']!r} has published {published!r}; choose one of "
-                             f"{', '.join(rec.PAPER_ROWS)}")
-        return Row(str(entry["label"]), [config_of(f, key) for f in files], published)
-
-    if not isinstance(data["rows"], list) or not data["rows"]:
-        raise ValueError(f"{where}: 'rows' must be a non-empty list of rows (label, params, published)")
-    rows = [row_of(r, f"rows[{i}]") for i, r in enumerate(data["rows"])]
-    invariant = row_of(data["invariant"], "invariant")
-    if len(invariant.configs) != 1:
-        raise ValueError(f"{where}: 'invariant' must name one params file (its stage 5 is the batch-invariant row)")
-    labels = [r.label for r in rows] + [invariant.label]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"{where}: row labels repeat ({labels}); give each row its own label")
-    if data["figure1"] not in labels[:-1]:
-        raise ValueError(f"{where}: 'figure1' is {data['figure1']!r}; name one of the rows: {labels[:-1]}")
-    fig3 = data["figure3"] if isinstance(data["figure3"], list) else [data["figure3"]]
-    figure3 = [config_of(f, "figure3") for f in fig3]
-    name = params_mod.check_name(str(data.get("name") or path.stem.removeprefix("campaign-")), where, "name")
-
-    def count(key, default, lo):
-        v = data.get(key, default)
-        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-            raise ValueError(f"{where}: '{key}' is {params_mod.short(v)}; it must be an integer of at least {lo}")
-        if key == "bootstrap_draws":  # the bound of the parameter of the same name
-            params_mod.make({key: v}, where=where)
-        return v
-    return Campaign(name=name, path=path.resolve(), note=str(data.get("note", "")).strip(), rows=rows,
-                    invariant=invariant, figure1=data["figure1"], figure3=figure3, configs=configs, sources=sources,
-                    bootstrap_draws=count("bootstrap_draws", 1000, 1),
-                    concurrent_configs=count("concurrent_configs", 0, 0))
 
 
 # --------------------------------------------------------------------------- live records
 
-def live_frame(p: Params, out_dir=None, invariant: bool = False) -> pd.DataFrame:
-    """One configuration's records (stage 3, or stage 5's), with its settings as the frame's config."""
-    stage = "05_batch_invariant" if invariant else "03_three_pass_replay"
-    df = rec.load_records(out_root(out_dir) / "runs" / p.config / stage / "records.parquet")
-    config = next(iter(df.attrs["configs"].values())) or {}
-    df.attrs["configs"] = {p.config: {**config, "screen_mixed": p.screen_mixed, "scan_start": p.problem_start}}
-    return df
-
-
-def record_files(c: Campaign, out_dir=None) -> dict:
-    """Every records file the campaign statistics read, relative to the out root."""
-    files = {f"runs/{name}/03_three_pass_replay/records.parquet" for r in c.rows for name in r.configs}
-    files |= {f"runs/{name}/03_three_pass_replay/records.parquet" for name in c.figure3}
-    files.add(f"runs/{c.invariant.configs[0]}/05_batch_invariant/records.parquet")
-    return {f: out_root(out_dir) / f for f in sorted(files)}
-
-
-def live_rows(c: Campaign, out_dir=None) -> dict:
-    """{label: records}: every row pooled as listed (deduplicated), then the batch-invariant row."""
-    rows = {r.label: rec.pool([live_frame(c.configs[n], out_dir) for n in r.configs]) for r in c.rows}
-    rows[c.invariant.label] = live_frame(c.configs[c.invariant.configs[0]], out_dir, invariant=True)
-    return rows
-
 
 # --------------------------------------------------------------------------- statistics
-
-def statistics(c: Campaign, out_dir=None) -> dict:
-    """Table 1, Figures 1-3 and live_vs_published for the campaign; records what it wrote."""
-    from . import plotting, tables
-    rows = live_rows(c, out_dir)
-    tdir, fdir = tables_dir(c.label, out_dir), figures_dir(c.label, out_dir)
-    products = tables.write_table(tables.table1(rows), "tab1_main", tdir)
-    main = rows[c.figure1]
-    fig3 = pd.concat([live_frame(c.configs[n], out_dir) for n in c.figure3], ignore_index=True)
-    inv = rows[c.invariant.label]
-    products += plotting.save_figure(plotting.fig1_quadrants(main, label=c.figure1)[0], "fig1_quadrants", fdir,
-                                     plotting.fig1_data(main))
-    products += plotting.save_figure(plotting.fig2_configs(rows)[0], "fig2_configs", fdir, plotting.fig2_data(rows))
-    products += plotting.save_figure(plotting.fig3_logprob_ecdf(fig3, inv)[0], "fig3_logprob_ecdf", fdir,
-                                     plotting.fig3_data(fig3, inv))
-    table = live_vs_published.compare(c, rows, c.bootstrap_draws)
-    claims = live_vs_published.verdicts(c, rows)
-    csv = tdir / "live_vs_published.csv"
-    atomic_save(csv, lambda tmp: table.to_csv(tmp, index=False))
-    md = tdir / "live_vs_published.md"
-    atomic_write_bytes(md, live_vs_published.comparison_markdown(c, table, claims).encode())
-    products += [csv, md]
-    import matplotlib.pyplot as plt
-    plt.close("all")
-    root = out_root(out_dir).resolve()
-    inputs = {rel: sha256_file(p) for rel, p in record_files(c, out_dir).items()}
-    manifest = {"campaign": c.label, "campaign_file": str(c.path), "campaign_sha256": sha256_file(c.path),
-                "code": code_fingerprint(NOTEBOOK), "inputs": inputs, "claims": claims,
-                "products": {p.resolve().relative_to(root).as_posix(): sha256_file(p) for p in sorted(set(products))}}
-    write_finished(root / "runs" / c.label, manifest)
-    return manifest
-
-
-def statistics_staleness(c: Campaign, out_dir=None) -> str | None:
-    """Why the campaign statistics must run, or None when they are up to date."""
-    run_dir = out_root(out_dir) / "runs" / c.label
-    try:
-        manifest = json.loads((run_dir / "manifest.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return "not run yet"
-    if not (run_dir / "DONE").exists():
-        return "not finished"
-    if manifest.get("campaign_sha256") != sha256_file(c.path):
-        return "campaign file changed"
-    if manifest.get("code") != code_fingerprint(NOTEBOOK):
-        return "notebook or library code changed"
-    files = record_files(c, out_dir)
-    now = {rel: (sha256_file(p) if p.exists() else None) for rel, p in files.items()}
-    if now != manifest.get("inputs"):
-        return "records changed"
-    changed = changed_outputs(out_root(out_dir), manifest.get("products", {}))
-    return f"{changed[0]} changed or missing" if changed else None
 
 
 # --------------------------------------------------------------------------- running
@@ -395,7 +182,7 @@ def _run_job(c: Campaign, job: Job, out_dir, force: bool, log_to_file: bool) -> 
 
 def _start_ray(c: Campaign, workers: int) -> str:
     """A local Ray instance for every configuration's stages to join; returns its address."""
-    from .executor import start_local_ray
+    from .runtime.executor import start_local_ray
     return start_local_ray(max(os.cpu_count() or 1, workers))
 
 
@@ -406,7 +193,7 @@ def run_configs(c: Campaign, todo: list[str], out_dir=None, force: bool = False)
     (at most ``concurrent_configs`` runner processes; with ``executor: ray``, all of them when it is 0),
     each runner in its own process with its console in runs/campaign-<name>/logs/. Side by side, the
     batch-invariant stage runs as a job of its own (campaign_jobs). Engines of side-by-side jobs
-    share the GPU (replaylib.engine_service)."""
+    share the GPU (replaylib.runtime.engine_service)."""
     ray_executor = c.executor == "ray"
     width = c.concurrent_configs or (len(todo) if ray_executor else 1)
     if width <= 1 and not ray_executor:
@@ -473,15 +260,6 @@ def _side_by_side(c: Campaign, jobs: list[Job], width: int, out_dir, force: bool
     return failed
 
 
-def execute_statistics(c: Campaign, out_dir=None) -> Path:
-    """Run notebooks/06_campaign.ipynb with papermill; returns the executed notebook."""
-    from .rundir import notebook_path
-    output = out_root(out_dir) / "runs" / c.label / f"{NOTEBOOK}.ipynb"
-    output.parent.mkdir(parents=True, exist_ok=True)
-    execute_notebook(notebook_path(NOTEBOOK), output, {"campaign": str(c.path), "out_dir": str(out_root(out_dir))})
-    return output
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m replaylib.campaign", description=__doc__.splitlines()[0])
     ap.add_argument("campaign", help="a campaign file, e.g. params/campaign-paper.yaml")
@@ -527,7 +305,7 @@ def main(argv=None) -> int:
         print(f"[campaign] {c.label}: statistics: " + (f"would run ({reason})" if reason else "up to date"))
         return 0
     if todo:
-        from .engine_service import run_broker, wants_broker
+        from .runtime.engine_service import run_broker, wants_broker
         # one broker for the whole campaign: its configurations' stages share vLLM engines of the same settings
         with run_broker(any(wants_broker(c.configs[n], c.stages_read(n)) for n in todo), out):
             failed = run_configs(c, list(todo), out, args.force)
@@ -549,7 +327,7 @@ def main(argv=None) -> int:
     except Exception as e:  # papermill's error carries the cell's traceback; keep the console to one line
         evalue = str(getattr(e, "evalue", e)).strip().splitlines()
         print(f"error: {c.label} statistics failed: {getattr(e, 'ename', type(e).__name__)}: "
-              f"{evalue[-1] if evalue else ''} (see {out / 'runs' / c.label / (NOTEBOOK + '.ipynb')})",
+              f"{evalue[-1] if evalue else ''} (see {out / 'runs' / c.label / (CAMPAIGN.name + '.ipynb')})",
               file=sys.stderr)
         return 1
     tdir = tables_dir(c.label, out)

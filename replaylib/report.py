@@ -25,7 +25,7 @@ import os
 import sys
 from pathlib import Path
 
-from replaylib import records, stats
+from .analysis import records, stats
 
 
 class _Parser(argparse.ArgumentParser):
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--verify", metavar="RUN_DIR",
                       help="re-check a run's output hashes against its stage manifests (runs/<config>)")
     mode.add_argument("--html", metavar="RUN_DIR",
-                      help="build the run's report site, site/<config>/index.html beside runs/ (replaylib.site)")
+                      help="build the run's report site, site/<config>/index.html beside runs/ (replaylib.display.site)")
     p.add_argument("--json", metavar="OUT.json", help="write the summary here (indent 2)")
     p.add_argument("--keep-flagged", action="store_true",
                    help="keep records with exact_ok == False (excluded by default)")
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def write_json_atomic(obj, path) -> None:
     """Write JSON (no NaN) to a temporary file beside ``path``, then rename it into place."""
-    from replaylib.rundir import atomic_write_bytes
+    from .core.files import atomic_write_bytes
     atomic_write_bytes(Path(path), (json.dumps(obj, indent=2, allow_nan=False) + "\n").encode())
 
 
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
                 write_json_atomic(summary, args.json)
             print(human_summary(summary))
         elif args.html is not None:
-            from replaylib import site
+            from .display import site
             run_dir = Path(os.path.abspath(args.html))
             if not run_dir.is_dir():
                 raise ValueError(f"{args.html}: no such run directory; give runs/<config> of an output root")
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
                                  f"that path")
             print(site.build(run_dir.name, run_dir.parent.parent))
         else:
-            from replaylib.rundir import verify_run
+            from .runtime.rundir import verify_run
             problems = verify_run(args.verify)
             for line in problems:
                 print(line)

@@ -9,10 +9,10 @@ when nothing it depends on changed. Each stage is its notebook,
 executed by papermill into runs/<config>/<stage>/<stage>.ipynb with only the
 parameters that notebook declares. Options and stage names mix in any order. A vLLM
 engine is started once for the stages that share its settings and stopped at the end
-(replaylib.engine_service).
+(replaylib.runtime.engine_service).
 
 The terminal shows one progress line per stage (drawn from the progress file the stage
-writes, replaylib.progress); the kernel's and third-party output goes to
+writes, replaylib.core.progress); the kernel's and third-party output goes to
 runs/<config>/<stage>/run.log. At the end a short summary: what ran and how long, the
 run's Table 1 row beside the paper's, and where the tables, figures and report are.
 """
@@ -23,8 +23,8 @@ import contextlib
 import json
 import os
 import shutil
-import sys
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -33,12 +33,21 @@ from unittest import mock
 
 from tqdm import tqdm
 
-from . import progress
-from .params import Params, load
-from .stages import ALIASES, RUN_ORDER, STAGES
-from .rundir import (LOCK_TOKEN_ENV, PARAMS_FILE_ENV, StageDir, StageLock, atomic_write_json, changed_outputs,
-                     code_fingerprint, execute_notebook, figures_dir, is_done, notebook_path, open_new, out_root,
-                     tables_dir)
+from .core import progress
+from .core.files import atomic_write_json, open_new
+from .core.paths import figures_dir, notebook_path, out_root, tables_dir
+from .runtime.fingerprint import code_fingerprint
+from .runtime.locks import LOCK_TOKEN_ENV, StageLock
+from .runtime.params import Params, load
+from .runtime.registry import ALIASES, RUN_ORDER, STAGES
+from .runtime.rundir import (
+    PARAMS_FILE_ENV,
+    StageDir,
+    changed_outputs,
+    execute_notebook,
+    is_done,
+)
+
 
 def notebook(stage: str) -> Path:
     return notebook_path(stage)
@@ -67,7 +76,7 @@ def staleness(params: Params, stage: str, out_dir) -> str | None:
             recorded = json.loads((path / "params.json").read_text())
         except (OSError, json.JSONDecodeError):
             return "no readable params.json"
-        from .params import task_data_sha256
+        from .runtime.params import task_data_sha256
         same = {k: getattr(params, k) for k in Params.keys_for(stage) if k != "config"} == \
             {k: v for k, v in recorded.get("params", {}).items() if k != "config"}
         moved = any(sha != task_data_sha256(t) for t, sha in recorded.get("data_sha256", {}).items())
@@ -181,7 +190,7 @@ def execute(params: Params, stage: str, out_dir, fresh: bool = False, params_fil
     drawn on the terminal (stderr) as one tqdm line. fresh (--force, a named stage): recompute
     everything, reusing no partial result (after checking that its upstream stages can be read:
     a rerun that would be refused deletes nothing)."""
-    from .params import own_keys
+    from .runtime.params import own_keys
     declared = declared_parameters(stage)
     missing = [k for k in ["config", "upstream", *own_keys(stage)] if k not in declared]
     if missing:
@@ -281,7 +290,7 @@ def stop_child_processes(grace_s: float = 5.0) -> None:
 def stop_leftover_engines() -> None:
     """A stage's kernel that died (killed, out of memory) leaves a multi-process vLLM engine core
     behind, holding GPU memory: stop it now, before the next stage starts an engine."""
-    from .engine_vllm import reap_leftover_engines, registry_dir
+    from .runtime.vllm_processes import reap_leftover_engines, registry_dir
     if registry_dir().is_dir():
         reap_leftover_engines()
 
@@ -337,7 +346,7 @@ def stop_summary(params: Params, stage: str, what: str, reason: str, start: floa
 
 def closing_summary(params: Params, out_dir, ran: list[tuple[str, float]], site_index: Path | None) -> str:
     """What ran, the run's headline numbers beside the paper's, and where the outputs are (read from files)."""
-    from . import examples
+    from .display import headline as examples
     root = out_root(out_dir)
     lines = [f"=== replaylib: config {params.config} " + "=" * max(3, 60 - len(params.config))]
     if ran:
@@ -395,7 +404,7 @@ def main(argv=None) -> int:
     ran = []
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
-        from .engine_service import run_broker, wants_broker
+        from .runtime.engine_service import run_broker, wants_broker
         with run_broker(wants_broker(params, [s for s, _ in todo]), out):  # the run's stages share its vLLM engines
             stopped = _run_stages(params, todo, args, runs, ran, out)
     finally:
@@ -427,7 +436,7 @@ def _finish(params: Params, args, ran: list, out: Path) -> int:
     """The report site (with --html) and the closing summary."""
     index = None
     if args.html:
-        from . import site
+        from .display import site
         try:
             index = site.build(params.config, out)
         except (ValueError, OSError) as e:

@@ -13,19 +13,19 @@ sys.path.insert(0, str(REPO / "tools"))  # the repository tools the tests check 
 def tiny_model_dir(tmp_path_factory):
     """A tiny random-weight Qwen2 model (hidden 128: large enough that prefill and decode
     kernels round differently, as in real models), built from a config in seconds."""
-    from replaylib.models import build_tiny_model
+    from replaylib.measure.models import build_tiny_model
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0, hidden_size=128))
 
 
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_model_dir):
-    from replaylib.engine_hf import HFEngine
+    from replaylib.measure.engine_hf import HFEngine
     return HFEngine(tiny_model_dir, "cpu", "bfloat16", invariant=False, max_batch_rows=64)
 
 
 @pytest.fixture(scope="session")
 def tiny_invariant_engine(tiny_model_dir):
-    from replaylib.engine_hf import HFEngine
+    from replaylib.measure.engine_hf import HFEngine
     return HFEngine(tiny_model_dir, "cpu", "bfloat16", invariant=True)
 
 

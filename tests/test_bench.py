@@ -10,7 +10,7 @@ import torch
 
 from replaylib import bench
 from replaylib.bench import measure, paper7b, workloads
-from replaylib.engine import ARMS, PassSettings, PivotOutput
+from replaylib.measure.engine import ARMS, PassSettings, PivotOutput
 
 LAST = re.compile(r"^speedup_vs_naive=(\S+) tokens_per_s=(\S+) naive_tokens_per_s=(\S+)$")
 
@@ -63,7 +63,7 @@ def test_decode_traffic_counts_the_fp32_copies_of_swapped_linears(tiny_engine):
 # ---------------------------------------------------------------- the exactness reference
 def reference_pivot(engine, job, settings: PassSettings) -> PivotOutput:
     """The slow reference: every row prefilled from scratch and decoded alone (invariant engine)."""
-    from replaylib.engine_hf import _Rows
+    from replaylib.measure.engine_hf import _Rows
     conts, probe_ids, probe_lp = {a: [] for a in ARMS}, {}, {}
     for arm, kind in job.requests(settings.k):
         text = engine.decode(job.gen_prefix + [job.forced[arm]]) if settings.stop_at_answer else None
@@ -116,7 +116,7 @@ def test_compare_outputs_finds_every_channel():
 
 def test_the_fast_path_is_the_slow_reference_bit_for_bit_in_invariant_mode(isolated_models, tiny_model_dir):
     """run_pass (one prefill per arm, rows assembled from it, batched decode) against every row alone."""
-    from replaylib.engine_hf import HFEngine
+    from replaylib.measure.engine_hf import HFEngine
     wl = workloads.WORKLOADS["tiny"]
     engine = HFEngine(tiny_model_dir, "cpu", wl.dtype, invariant=True)
     jobs, _, _ = workloads.build_workload(engine, wl, log=lambda *_: None)

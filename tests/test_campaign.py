@@ -1,4 +1,4 @@
-"""Campaigns (replaylib.campaign) and the Ray executor (replaylib.executor), on CPU.
+"""Campaigns (replaylib.campaign) and the Ray executor (replaylib.runtime.executor), on CPU.
 
 The tiny campaign runs twice, with executor local and with executor ray (two engine actors on
 a local Ray instance): the records must be identical bit for bit, and so must they be when a
@@ -12,10 +12,13 @@ import pytest
 import torch
 import yaml
 
-from replaylib import campaign, live_vs_published, params
-from replaylib.claims import CLAIMS
-from replaylib.params import STAGES
-from replaylib.rundir import sha256_file
+from replaylib import campaign
+from replaylib.analysis import live_vs_published
+from replaylib.analysis.claims import CLAIMS
+from replaylib.core.files import sha256_file
+from replaylib.runtime import campaigns, params
+from replaylib.runtime.params import STAGES
+from replaylib.stages import campaign_statistics
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "params" / "campaign-tiny.yaml"
@@ -84,7 +87,7 @@ def test_campaign_writes_its_items_and_records_them(runs):
     assert len(table) == 4 * len(live_vs_published.QUANTITIES)
     # the published values are computed from data/paper-records, never typed
     main = table[(table.row == "main pooled") & (table.quantity == "n (common)")]
-    from replaylib import records
+    from replaylib.analysis import records
     published = live_vs_published.quantities(records.load_paper_row("main pooled", live_vs_published.PAPER_RECORDS))
     assert main.published.iloc[0] == published["n (common)"] == 636
     md = (tdir / "live_vs_published.md").read_text()
@@ -95,7 +98,7 @@ def test_campaign_writes_its_items_and_records_them(runs):
     # the tiny model is deterministic on CPU: its batch-invariant row is identical on every channel
     assert "batch-invariant rows: all passes identical on every channel: **holds**" in md
     manifest = json.loads((out / "runs" / "campaign-tiny" / "manifest.json").read_text())
-    assert set(manifest["inputs"]) == set(campaign.record_files(campaign.load(TINY), out))
+    assert set(manifest["inputs"]) == set(campaign_statistics.record_files(campaigns.load(TINY), out))
     assert "tables/campaign-tiny/live_vs_published.md" in manifest["products"]
     assert all(sha256_file(out / rel) == digest for rel, digest in manifest["products"].items())
     assert (out / "runs" / "campaign-tiny" / "06_campaign.ipynb").exists()
@@ -103,22 +106,22 @@ def test_campaign_writes_its_items_and_records_them(runs):
 
 def test_campaign_statistics_are_stale_aware(runs, capsys):
     out = runs["local"]
-    c = campaign.load(TINY)
-    assert campaign.statistics_staleness(c, out) is None
+    c = campaigns.load(TINY)
+    assert campaign_statistics.statistics_staleness(c, out) is None
     assert campaign.main([str(TINY), "--out", str(out), "--dry-run"]) == 0
     said = capsys.readouterr().out
     assert "statistics: up to date" in said and "would run" not in said
     md = out / "tables" / "campaign-tiny" / "live_vs_published.md"
     original = md.read_bytes()
     md.write_bytes(original + b"edited\n")
-    assert "live_vs_published.md changed" in campaign.statistics_staleness(c, out)
+    assert "live_vs_published.md changed" in campaign_statistics.statistics_staleness(c, out)
     md.write_bytes(original)
     records = out / "runs" / "tiny-k4" / "03_three_pass_replay" / "records.parquet"
     saved = records.read_bytes()
     records.write_bytes(saved + b"\0")
-    assert campaign.statistics_staleness(c, out) == "records changed"
+    assert campaign_statistics.statistics_staleness(c, out) == "records changed"
     records.write_bytes(saved)
-    assert campaign.statistics_staleness(c, out) is None
+    assert campaign_statistics.statistics_staleness(c, out) is None
 
 
 def test_executor_values_are_in_no_stage_key():
@@ -140,10 +143,10 @@ def test_executor_values_are_in_no_stage_key():
 def test_command_line_overrides_and_paths_from_the_repository(tmp_path):
     copy = tmp_path / "elsewhere.yaml"
     shutil.copy(TINY, copy)  # paths inside resolve from the repository root, not from the file
-    c = campaign.load(copy, {"executor": "ray", "ray_workers": 3})
+    c = campaigns.load(copy, {"executor": "ray", "ray_workers": 3})
     assert set(c.configs) == {"tiny-primary", "tiny-screened", "tiny-k4", "tiny-seed1"}
     assert all(p.executor == "ray" and p.ray_workers == 3 for p in c.configs.values())
-    assert campaign.load(copy).executor == "local"  # the campaign file's value
+    assert campaigns.load(copy).executor == "local"  # the campaign file's value
     assert [r.configs for r in c.rows][0] == ["tiny-primary", "tiny-screened"]
 
 
@@ -160,14 +163,14 @@ def test_campaign_file_errors_are_one_line(tmp_path, change, message):
     bad = tmp_path / "campaign-bad.yaml"
     bad.write_text(yaml.safe_dump(data))
     with pytest.raises(ValueError, match=message) as e:
-        campaign.load(bad)
+        campaigns.load(bad)
     assert str(bad) in str(e.value) and "\n" not in str(e.value)
 
 
 def test_ray_executor_without_gpu_for_vllm_is_one_line(capsys):
-    from replaylib.engine import EngineUnavailable
-    from replaylib.executor import make_executor
-    c = campaign.load(REPO / "params" / "campaign-gpu-embedded.yaml", {"executor": "ray"})
+    from replaylib.measure.engine import EngineUnavailable
+    from replaylib.runtime.executor import make_executor
+    c = campaigns.load(REPO / "params" / "campaign-gpu-embedded.yaml", {"executor": "ray"})
     p = c.configs["gpu-embedded"]
     with pytest.raises((EngineUnavailable, RuntimeError)) as e:
         make_executor(p)
@@ -178,16 +181,16 @@ def test_a_dying_worker_is_retried_and_twice_stops_the_stage(tmp_path, monkeypat
     """Stage 03 of one configuration on two Ray actors; the first attempt at problem 1 kills its
     worker (os._exit): the records are the same as the local run's. A problem whose worker dies on
     every attempt stops the stage in one line naming it."""
-    from replaylib import pivots, replay, sampling
-    from replaylib.executor import CRASH_ENV, UnitFailed
-    local = params.make(campaign.load(TINY).configs["tiny-primary"].to_dict())
+    from replaylib.runtime.executor import CRASH_ENV, UnitFailed
+    from replaylib.stages import pivots, replay, sampling
+    local = params.make(campaigns.load(TINY).configs["tiny-primary"].to_dict())
     src = tmp_path / "local" / "runs" / "tiny-primary"
     sampling.run(local, tmp_path / "local")
     pivots.run(local, tmp_path / "local")
     replay.run(local, tmp_path / "local")
     for stage in ("01_sampling", "02_pivot_mining"):
         shutil.copytree(src / stage, tmp_path / "runs" / "tiny-primary" / stage)
-    p = params.make({**campaign.load(TINY).configs["tiny-primary"].to_dict(), "executor": "ray", "ray_workers": 2})
+    p = params.make({**campaigns.load(TINY).configs["tiny-primary"].to_dict(), "executor": "ray", "ray_workers": 2})
     ray = _ray_init()
     try:
         monkeypatch.setenv(CRASH_ENV, "03_three_pass_replay problem 1")
@@ -224,11 +227,11 @@ def test_list_params_and_intermixed_options(capsys):
 def test_published_records_as_live_rows_reproduce_the_claims():
     """The comparison and the verdicts on records whose answers are known: the paper's own rows
     as the live ones. Every claim holds, and every published value lies in its interval."""
-    from replaylib import records
+    from replaylib.analysis import records
     labels = list(records.PAPER_ROWS)
     rows = {label: records.load_paper_row(label, live_vs_published.PAPER_RECORDS) for label in labels}
-    c = campaign.Campaign(name="published", path=TINY, note="", rows=[campaign.Row(l, [], l) for l in labels[:-1]],
-                          invariant=campaign.Row(labels[-1], [], labels[-1]), figure1=labels[0], figure3=[],
+    c = campaigns.Campaign(name="published", path=TINY, note="", rows=[campaigns.Row(l, [], l) for l in labels[:-1]],
+                          invariant=campaigns.Row(labels[-1], [], labels[-1]), figure1=labels[0], figure3=[],
                           configs={}, sources={}, bootstrap_draws=40, concurrent_configs=0)
     claims = live_vs_published.verdicts(c, rows)
     assert [x["verdict"] for x in claims] == ["holds"] * len(CLAIMS), claims
@@ -246,16 +249,16 @@ def test_published_records_as_live_rows_reproduce_the_claims():
 def test_claims_are_judged_per_serving_mode():
     """Rows in two serving modes: each mode gets its own verdicts (an in-process row whose replica
     reproduces exact1 exactly cannot make the multi-process floor claim fail)."""
-    from replaylib import records
+    from replaylib.analysis import records
     main = records.load_paper_row("main pooled", live_vs_published.PAPER_RECORDS)
     exact = main.assign(A_exact2=main.A_exact1, cont_diff_exact2=0, greedy_divergence_exact2=False,
                         greedy_first_logprob_delta_exact2=0.0)
     vllm = {"engine": "vllm", "device": "cuda", "stop_at_answer": False}
     configs = {"mp": params.make({**vllm, "config": "mp"}),
                "ip": params.make({**vllm, "config": "ip", "vllm_serving": "inprocess"})}
-    c = campaign.Campaign(name="modes", path=TINY, note="", rows=[campaign.Row("a (mp)", ["mp"], "main pooled"),
-                                                                  campaign.Row("a (ip)", ["ip"], "main pooled")],
-                          invariant=campaign.Row("inv", ["mp"], "batch-invariant"), figure1="a (mp)", figure3=[],
+    c = campaigns.Campaign(name="modes", path=TINY, note="", rows=[campaigns.Row("a (mp)", ["mp"], "main pooled"),
+                                                                  campaigns.Row("a (ip)", ["ip"], "main pooled")],
+                          invariant=campaigns.Row("inv", ["mp"], "batch-invariant"), figure1="a (mp)", figure3=[],
                           configs=configs, sources={}, bootstrap_draws=10, concurrent_configs=0)
     rows = {"a (mp)": main, "a (ip)": exact, "inv": records.load_paper_row("batch-invariant", live_vs_published.PAPER_RECORDS)}
     claims = live_vs_published.verdicts(c, rows)
@@ -270,8 +273,8 @@ def test_claims_are_judged_per_serving_mode():
 def test_an_engine_that_cannot_start_stops_in_one_line_naming_its_cause(tmp_path):
     """An actor whose engine fails to load is not a dying worker to retry: the executor waits for
     every engine to be up and reports the cause in one line."""
-    from replaylib.executor import make_executor
-    p = params.make({**campaign.load(TINY).configs["tiny-primary"].to_dict(), "executor": "ray", "ray_workers": 1,
+    from replaylib.runtime.executor import make_executor
+    p = params.make({**campaigns.load(TINY).configs["tiny-primary"].to_dict(), "executor": "ray", "ray_workers": 1,
                      "model": str(tmp_path / "no-such-model")})
     ray = _ray_init()
     try:
@@ -287,8 +290,9 @@ def test_a_ray_engine_start_is_logged_in_the_stage(caplog):
     the actor's process)."""
     import logging
     import re
-    from replaylib.executor import make_executor
-    p = params.make({**campaign.load(TINY).configs["tiny-primary"].to_dict(), "executor": "ray", "ray_workers": 2})
+
+    from replaylib.runtime.executor import make_executor
+    p = params.make({**campaigns.load(TINY).configs["tiny-primary"].to_dict(), "executor": "ray", "ray_workers": 2})
     ray = _ray_init()
     try:
         with caplog.at_level(logging.INFO, logger="replaylib"):
@@ -303,7 +307,7 @@ def test_a_ray_engine_start_is_logged_in_the_stage(caplog):
 def test_a_ray_actor_rebuilds_a_vllm_stage_params():
     """An actor rebuilds its stage's Params from the driver's values, defaults of other stages
     included (stop_at_answer: true outside stage 03): a vLLM configuration must still load."""
-    from replaylib.executor import actor_params
+    from replaylib.runtime.executor import actor_params
     p = params.load(REPO / "params" / "gpu-embedded.yaml")
     for stage in params.STAGES:
         got = params.from_notebook(p.notebook_values(stage), stage)
@@ -313,7 +317,7 @@ def test_a_ray_actor_rebuilds_a_vllm_stage_params():
 def test_a_campaign_runs_only_the_stages_it_reads(runs):
     """Stages 1-3 of every row's configuration, stage 5 of the batch-invariant one only; no
     configuration's own statistics (they need its stage 5)."""
-    c = campaign.load(TINY)
+    c = campaigns.load(TINY)
     assert c.stages_needed("tiny-primary") == ["03_three_pass_replay", "05_batch_invariant"]
     assert c.stages_needed("tiny-k4") == ["03_three_pass_replay"]
     for executor, root in runs.items():
@@ -329,9 +333,9 @@ SHARED = ("01_sampling", "02_pivot_mining")
 def test_a_stage_with_the_same_key_is_copied_from_the_configuration_that_ran_it(runs):
     """tiny-k4 replays tiny-screened's cohort (as the paper's K=8 row replays the screened one):
     its sampling and pivot stages are tiny-screened's, copied, not computed twice."""
-    c = campaign.load(TINY)
+    c = campaigns.load(TINY)
     assert c.shared_stages() == {("tiny-k4", s): "tiny-screened" for s in SHARED}
-    from replaylib.rundir import verify_run
+    from replaylib.runtime.rundir import verify_run
     for executor, root in runs.items():
         for stage in SHARED:
             mine = json.loads((root / "runs" / "tiny-k4" / stage / "manifest.json").read_text())
@@ -348,8 +352,8 @@ def test_a_stage_with_the_same_key_is_copied_from_the_configuration_that_ran_it(
 def test_a_copied_stage_is_what_computing_it_gives(runs, tmp_path):
     """The copy is no shortcut: tiny-k4's own sampling and pivot stages, computed alone, write the
     same bytes."""
-    from replaylib import pivots, sampling
-    p = campaign.load(TINY).configs["tiny-k4"]
+    from replaylib.stages import pivots, sampling
+    p = campaigns.load(TINY).configs["tiny-k4"]
     sampling.run(p, tmp_path)
     pivots.run(p, tmp_path)
     for stage in SHARED:
@@ -363,7 +367,7 @@ def test_a_copied_stage_is_what_computing_it_gives(runs, tmp_path):
 
 def test_a_source_whose_outputs_changed_is_not_copied(runs, tmp_path, capsys):
     from replaylib.run import staleness
-    c = campaign.load(TINY)
+    c = campaigns.load(TINY)
     shutil.copytree(runs["local"] / "runs" / "tiny-screened", tmp_path / "runs" / "tiny-screened")
     shutil.copytree(runs["local"] / "figures" / "tiny-screened", tmp_path / "figures" / "tiny-screened")
     trunks = tmp_path / "runs" / "tiny-screened" / "01_sampling" / "trunks.parquet"

@@ -3,7 +3,7 @@ could have shown it, and is underpowered where they could not."""
 import numpy as np
 import pandas as pd
 
-from replaylib import claims
+from replaylib.analysis import claims
 
 
 def records(a1, a2, ar, problems=None, identical_channels=None) -> pd.DataFrame:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from replaylib import params, pivots, sampling
+from replaylib.runtime import params
+from replaylib.stages import pivots, sampling
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = "import sys; from replaylib import params, replay; replay.run(params.make(eval(sys.argv[1])), sys.argv[2])"

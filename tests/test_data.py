@@ -2,7 +2,9 @@ import json
 
 import pytest
 
-from replaylib.data import REPO_ROOT, Problem, load_problems, sha256_file
+from replaylib.core.files import sha256_file
+from replaylib.core.paths import REPO as REPO_ROOT
+from replaylib.measure.data import Problem, load_problems
 
 GSM8K_TEST_SHA256 = "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14"
 MATH500_SHA256 = "35dc41080a3680858b27fa7e0533d2d547825316fc5dafe5d316f4ccc5a06132"

@@ -1,9 +1,10 @@
 """The transformers engine on a tiny random-weight model: exact resume, re-feed, invariant mode."""
 import torch
 
-from replaylib.engine import ARMS, PassSettings, PivotJob, continuation_seed, stable_seed, trunk_seed
-from replaylib.engine_hf import choose_tokens, position_uniform, raw_topk
-from replaylib.state import load_state, save_state, state_digest
+from replaylib.measure.engine import ARMS, PassSettings, PivotJob
+from replaylib.measure.engine_hf import choose_tokens, position_uniform, raw_topk
+from replaylib.measure.seeds import continuation_seed, stable_seed, trunk_seed
+from replaylib.measure.state import load_state, save_state, state_digest
 
 QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have now?"
 INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -75,7 +76,7 @@ def test_resume_at_the_same_batch_shape_reproduces_decode_logits_bit_for_bit(tin
 def test_resumed_trunks_regenerate_themselves(tiny_engine):
     """Noise keyed by (seed, position): resuming the actual tokens with the trunks' own seeds
     continues every trunk exactly as it was sampled."""
-    from replaylib.engine_hf import _Rows
+    from replaylib.measure.engine_hf import _Rows
     trunks, state = sample(tiny_engine)
     i = 3
     rows = range(len(trunks))
@@ -144,7 +145,7 @@ def test_each_exact_pass_checks_the_state_it_resumes(tiny_engine):
 def test_a_resumed_pass_depends_on_exactly_the_state_it_should(tiny_engine):
     """exact resumes positions [0, abs_pos) of the saved state; block16 only [0, abs_pos // 16 * 16)
     and prefills the rest; refeed uses none of it."""
-    from replaylib.state import ResidentState
+    from replaylib.measure.state import ResidentState
     trunks, state = sample(tiny_engine, n=3, max_new=40)
     r = max(range(3), key=lambda r: len(trunks[r].gen_ids))
     i = next(i for i in range(len(trunks[r].gen_ids) - 2) if (len(trunks[r].prompt_ids) + i) % 16 >= 4)

@@ -14,9 +14,14 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from replaylib import engine_vllm
-from replaylib.engine_vllm import (engine_processes, gpu_lifecycle_lock, reap_leftover_engines,
-                                   register_engine_processes, registry_dir)
+from replaylib.measure import engine_vllm
+from replaylib.runtime.vllm_processes import (
+    engine_processes,
+    gpu_lifecycle_lock,
+    reap_leftover_engines,
+    register_engine_processes,
+    registry_dir,
+)
 
 TITLE = "VLLM::EngineCore"  # what vLLM's setproctitle makes of its engine core's command line
 
@@ -139,7 +144,7 @@ def test_an_engine_core_that_outlives_its_shutdown_is_killed_and_named(caplog):
 
 
 def test_the_local_executor_closes_its_engine():
-    from replaylib.executor import LocalExecutor
+    from replaylib.runtime.executor import LocalExecutor
     closed = []
     ex = LocalExecutor.__new__(LocalExecutor)
     ex.engine = SimpleNamespace(close=lambda: closed.append(True))
@@ -219,7 +224,8 @@ def test_a_registered_process_that_is_no_engine_core_is_never_signalled():
 def test_the_runner_looks_for_leftover_engine_cores_after_vllm_stages_only(tmp_path, monkeypatch, engine, reaps):
     import papermill
 
-    from replaylib import params, run
+    from replaylib import run
+    from replaylib.runtime import params
     called = []
     monkeypatch.setattr(run, "stop_leftover_engines", lambda: called.append(True))
     monkeypatch.setattr(papermill, "execute_notebook", lambda *a, **k: None)

@@ -1,5 +1,5 @@
 """One vLLM engine per model and settings for the stages of a run or a campaign
-(replaylib.engine_service), on the CPU: the engine servers build the vLLM engine on the stand-in LLM
+(replaylib.runtime.engine_service), on the CPU: the engine servers build the vLLM engine on the stand-in LLM
 (tests/vllm_standin.py) through the engine factory's test hook."""
 import json
 import logging
@@ -16,9 +16,14 @@ import psutil
 import pytest
 import yaml
 
-from replaylib import params, progress
-from replaylib.engine import FACTORY_ENV
-from replaylib.engine_service import EngineBroker, EngineServiceError, ServedExecutor
+from replaylib.core import progress
+from replaylib.measure.engines import FACTORY_ENV
+from replaylib.runtime import params
+from replaylib.runtime.engine_service import (
+    EngineBroker,
+    EngineServiceError,
+    ServedExecutor,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -123,7 +128,7 @@ def test_an_engine_that_cannot_start_is_the_stage_s_one_line_error(standin, monk
     monkeypatch.delenv(FACTORY_ENV)
     monkeypatch.setitem(sys.modules, "vllm", None)
     with EngineBroker(standin / "out") as broker, mock.patch.dict(os.environ, broker.env()):
-        from replaylib.engine import EngineUnavailable
+        from replaylib.measure.engine import EngineUnavailable
         with pytest.raises(EngineUnavailable, match="engine 'vllm' needs"):
             ServedExecutor(fake_params(), stage="01_sampling")
 
@@ -131,7 +136,7 @@ def test_an_engine_that_cannot_start_is_the_stage_s_one_line_error(standin, monk
 def _client_script(tmp_path: Path, body: str) -> Path:
     script = tmp_path / "client.py"
     script.write_text("import os, sys, time\nsys.path[:0] = [%r, %r]\n" % (str(TESTS), str(REPO)) +
-                      "from replaylib import params\nfrom replaylib.engine_service import EngineBroker, ServedExecutor\n"
+                      "from replaylib import params\nfrom replaylib.runtime.engine_service import EngineBroker, ServedExecutor\n"
                       "import vllm_standin\n"
                       f"p = params.make({{'config': 'fake', **{FAKE!r}}})\n" + body)
     return script

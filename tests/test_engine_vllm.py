@@ -1,21 +1,40 @@
 """The vLLM engine's logic against a stand-in LLM (no GPU, no vLLM): requests, cache checks,
 trunk identity, refeed resets, pass orchestration, and the errors when vLLM cannot run."""
 import dataclasses
-import hashlib
 import importlib.util
 import os
-import random
 import sys
 from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+from vllm_standin import (  # noqa: F401
+    EOS,
+    STOP2,
+    VOCAB,
+    FakeLLM,
+    FakeSP,
+    FakeTokenizer,
+    Logprob,
+    complete,
+)
 
-from replaylib import engine_vllm, params
-from replaylib.engine import ARMS, EngineUnavailable, PassSettings, PivotJob, continuation_seed, make_engine, trunk_seed
-from replaylib.engine_vllm import VLLMEngine, cache_floor, prepare_environment, topk_of
-
-from vllm_standin import EOS, STOP2, VOCAB, FakeLLM, FakeSP, FakeTokenizer, Logprob, complete  # noqa: F401
+from replaylib.measure import engine_vllm
+from replaylib.measure.engine import (
+    ARMS,
+    EngineUnavailable,
+    PassSettings,
+    PivotJob,
+    make_engine,
+)
+from replaylib.measure.engine_vllm import (
+    VLLMEngine,
+    cache_floor,
+    prepare_environment,
+    topk_of,
+)
+from replaylib.measure.seeds import continuation_seed, trunk_seed
+from replaylib.runtime import params
 
 TRUNK = {"temperature": 0.7, "top_p": 0.95, "max_new_tokens": 24, "top_logprobs": 3}
 
@@ -392,7 +411,7 @@ def test_a_regeneration_that_diverges_keeps_the_pivots_before_it_and_flags_those
     """A rollout whose regeneration differs from generated index 12 on: a pivot whose resumed blocks
     lie within the agreeing tokens is kept (state 'tokens', verified), one past them is flagged, and
     none is dropped: every pivot has its record."""
-    from replaylib import replay
+    from replaylib.measure import replay
     engine, fake = make()
     fake.diverge = {trunk_seed(0, 1): 12}  # the sampling is the first trunk request, every later one a regeneration
     trunks, _, prompts, seeds = sample(engine, pids=(0,))
@@ -424,12 +443,16 @@ def test_a_regeneration_that_diverges_keeps_the_pivots_before_it_and_flags_those
     within = [cache_floor(j.abs_pos, 4) <= plen + 12 for j in jobs]
     assert list(records["state_established"]) == [replay.STATE_TOKENS if w else "not established" for w in within]
     assert list(records["exact_ok"]) == within
-    from replaylib.stats import exclude_not_exact
+    from replaylib.analysis.stats import exclude_not_exact
     assert exclude_not_exact(records)[1] == within.count(False)
 
 
 def test_exact_passes_that_resume_different_regenerations_are_flagged():
-    from replaylib.replay import STATE_IDENTICAL, STATE_TOKENS, state_established
+    from replaylib.measure.replay import (
+        STATE_IDENTICAL,
+        STATE_TOKENS,
+        state_established,
+    )
     same = {"state": "tokens", "establishment": 1}
     assert state_established([same, dict(same)]) == STATE_TOKENS
     assert state_established([same, {**same, "establishment": 2}]) == "regenerated, differs between passes"
@@ -440,7 +463,7 @@ def test_exact_passes_that_resume_different_regenerations_are_flagged():
 
 
 def test_compile_cache_kept_under_the_run_directory(monkeypatch, tmp_path):
-    from replaylib.rundir import out_root
+    from replaylib.core.paths import out_root
     monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
     monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
     prepare_environment(False, "c")

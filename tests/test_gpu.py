@@ -6,7 +6,7 @@ tiny random-weight model (params/gpu-smoke.yaml) runs the paper's mechanics: tru
 block-aligned pivots, problem_state, exact1 / exact2 / refeed, in vLLM's multi-process engine
 (the paper's) and in-process; the multi-process engine's core process is checked to end
 with its engine, inside a Ray actor too, and to be stopped once a killed stage left it behind;
-a run's stages share one engine (replaylib.engine_service), and a run or campaign killed outright
+a run's stages share one engine (replaylib.runtime.engine_service), and a run or campaign killed outright
 leaves no engine holding GPU memory. The tests are independent processes with registries of their
 own and fixed-size KV caches, so they can run side by side (pytest -n 4).
 """
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.skipif(not _gpu_ready(), reason="needs a CUDA GPU and v
 def smoke_params(serving: str = "multiprocess"):
     import dataclasses
 
-    from replaylib import params
+    from replaylib.runtime import params
     return dataclasses.replace(params.load(REPO / "params" / "gpu-smoke.yaml"), vllm_serving=serving)
 
 
@@ -46,11 +46,12 @@ def scenario(mode: str) -> dict:
     sys.path.insert(0, str(REPO))
     import pandas as pd
 
-    from replaylib import pivots
-    from replaylib.data import load_problems
-    from replaylib.engine import make_engine, trunk_seed
-    from replaylib.grading import grade
-    from replaylib.replay import build_jobs, settings
+    from replaylib.measure import mining as pivots
+    from replaylib.measure.data import load_problems
+    from replaylib.measure.engines import make_engine
+    from replaylib.measure.grading import grade
+    from replaylib.measure.replay import build_jobs, settings
+    from replaylib.measure.seeds import trunk_seed
 
     p = smoke_params("inprocess" if mode == "stock-inprocess" else "multiprocess")
     engine = make_engine(p, invariant=(mode == "invariant"))
@@ -95,7 +96,7 @@ def scenario(mode: str) -> dict:
 
 
 def engine_processes():
-    from replaylib.engine_vllm import engine_processes as found
+    from replaylib.runtime.vllm_processes import engine_processes as found
     return found()
 
 
@@ -104,7 +105,7 @@ def hold(ready_path: str) -> None:
     sys.path.insert(0, str(REPO))
     import time
 
-    from replaylib.engine import make_engine
+    from replaylib.measure.engines import make_engine
     engine = make_engine(smoke_params())
     Path(ready_path).write_text(json.dumps([proc.pid for proc in engine.processes]))
     time.sleep(900)
@@ -119,7 +120,7 @@ def in_ray_actor() -> dict:
     import psutil
     import ray
 
-    from replaylib.executor import make_executor
+    from replaylib.runtime.executor import make_executor
     p = dataclasses.replace(smoke_params(), executor="ray", ray_workers=1, gpus_per_worker=1.0)
     ex = make_executor(p)
     described, pids = ex.call(lambda engine: (engine.describe(), [proc.pid for proc in engine.processes]))
@@ -161,7 +162,7 @@ def _engine_pids(root_pid: int) -> dict:
             title = proc.name() + " " + " ".join(proc.cmdline())
         except Exception:  # noqa: BLE001 - gone meanwhile
             continue
-        if "replaylib.engine_service" in title:
+        if "replaylib.runtime.engine_service" in title:
             found[proc.pid] = "server"
         elif "VLLM::" in title or "EngineCore" in title:
             found[proc.pid] = "core"
@@ -227,7 +228,7 @@ def test_a_killed_stage_leaves_no_engine_core_holding_gpu_memory(tmp_path):
 
     import psutil
 
-    from replaylib.engine_vllm import reap_leftover_engines
+    from replaylib.runtime.vllm_processes import reap_leftover_engines
     ready = tmp_path / "ready.json"
     env = _env(tmp_path)
     stage = subprocess.Popen([sys.executable, __file__, "hold", str(ready)], cwd=REPO, env=env)
@@ -253,7 +254,7 @@ def test_a_killed_stage_leaves_no_engine_core_holding_gpu_memory(tmp_path):
 def _smoke_params_file(tmp_path, **changes) -> Path:
     import yaml
 
-    from replaylib import params
+    from replaylib.runtime import params
     values = {**smoke_params().to_dict(), **changes}
     path = tmp_path / f"{values['config']}.yaml"
     path.write_text(yaml.safe_dump(values, sort_keys=False))

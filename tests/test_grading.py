@@ -2,8 +2,9 @@ import json
 
 import pytest
 
-from replaylib.data import REPO_ROOT, load_problems
-from replaylib.grading import (
+from replaylib.core.paths import REPO as REPO_ROOT
+from replaylib.measure.data import load_problems
+from replaylib.measure.grading import (
     extract_answer,
     extract_boxed,
     grade,

@@ -5,7 +5,8 @@ import shutil
 import pytest
 import torch
 
-from replaylib import params, rundir
+from replaylib.core import paths
+from replaylib.runtime import params, rundir
 
 
 def test_a_run_directory_that_cannot_be_created_is_refused(tmp_path):
@@ -26,14 +27,14 @@ def test_a_full_disk_is_refused_before_any_work(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
 def test_a_gpu_configuration_on_a_cpu_machine_is_refused(tiny_model_dir):
-    from replaylib.engine_hf import HFEngine
+    from replaylib.measure.engine_hf import HFEngine
     with pytest.raises(RuntimeError, match="no CUDA GPU; set device: cpu"):
         HFEngine(tiny_model_dir, device="cuda")
 
 
 def test_math500_runs_through_sampling_pivots_and_replay(tmp_path, isolated_models):
-    from replaylib import pivots, replay, sampling
-    p = params.make({**params.load(rundir.REPO / "params" / "tiny.yaml").to_dict(), "task": "math500",
+    from replaylib.stages import pivots, replay, sampling
+    p = params.make({**params.load(paths.REPO / "params" / "tiny.yaml").to_dict(), "task": "math500",
                      "n_problems": 1, "n_rollouts": 2, "max_trunk_tokens": 24, "max_cont_tokens": 8})
     sampling.run(p, tmp_path)
     trunks, _, problems = sampling.load(p, tmp_path)

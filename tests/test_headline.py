@@ -4,9 +4,10 @@ probe contrast, a powered sign set, a batch-invariant run)."""
 import numpy as np
 import pandas as pd
 
-from replaylib import claims, examples, stats
-from replaylib.records import load_paper_row
-from replaylib.rundir import REPO
+from replaylib.analysis import claims, stats
+from replaylib.analysis.records import load_paper_row
+from replaylib.core.paths import REPO
+from replaylib.display import headline as examples
 
 
 def live_records(a1, a2, ar, problems, refeed_exact, replica_exact=None) -> pd.DataFrame:

@@ -8,8 +8,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from replaylib import models
-from replaylib.models import ModelError, build_tiny_model, resolve_model
+from replaylib import models as models_cli
+from replaylib.core.paths import REPO
+from replaylib.measure import models
+from replaylib.measure.models import ModelError, build_tiny_model, resolve_model
 
 EMBEDDED = "embedded:qwen2.5-coder-0.5b-instruct"
 
@@ -62,7 +64,7 @@ def test_tiny_loads_chat_and_forward(tiny_dir):
 def test_tiny_margins_spread(tiny_dir):
     tok = AutoTokenizer.from_pretrained(tiny_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_dir)
-    rows = [json.loads(line) for line in (models.REPO_ROOT / "data/gsm8k/train.jsonl").open()][:4]
+    rows = [json.loads(line) for line in (REPO / "data/gsm8k/train.jsonl").open()][:4]
     margins = []
     for row in rows:
         enc = tok(row["question"] + " " + row["answer"], return_tensors="pt")
@@ -90,7 +92,7 @@ def test_resolve_tiny_cached(mdir):
 
 def test_models_dir(monkeypatch):
     monkeypatch.delenv("REPLAYLIB_MODELS", raising=False)
-    assert models.models_dir() == models.REPO_ROOT / "models"
+    assert models.models_dir() == REPO / "models"
     monkeypatch.setenv("REPLAYLIB_MODELS", "/x/y")
     assert models.models_dir() == Path("/x/y")
 
@@ -239,16 +241,16 @@ def test_fetch_local_gguf(fake_fetch, mdir, tmp_path):
 def test_cli_errors(fake_fetch, mdir, tmp_path, capsys):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"y" * fake_fetch["size"])
-    assert models.main(["fetch", "fake", "--gguf", str(bad)]) == 2
+    assert models_cli.main(["fetch", "fake", "--gguf", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: ") and "sha256" in err[-1]
-    assert models.main(["fetch", "nope"]) == 2
+    assert models_cli.main(["fetch", "nope"]) == 2
     assert "unknown embedded model 'nope'" in capsys.readouterr().err
     assert list(mdir.iterdir()) == []
 
 
 def test_cli_tiny(tmp_path, capsys):
-    assert models.main(["tiny", str(tmp_path / "t"), "--seed", "2"]) == 0
+    assert models_cli.main(["tiny", str(tmp_path / "t"), "--seed", "2"]) == 0
     assert (tmp_path / "t" / "model.safetensors").is_file()
 
 

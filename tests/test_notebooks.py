@@ -9,7 +9,7 @@ from pathlib import Path
 import make_notebooks
 import pytest
 
-from replaylib.params import STAGES, Params, notebook_keys
+from replaylib.runtime.params import STAGES, Params, notebook_keys
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -4,23 +4,24 @@ import json
 import pytest
 import yaml
 
-from replaylib import params
-from replaylib.params import STAGES, Params
+from replaylib.core.paths import REPO
+from replaylib.runtime import params
+from replaylib.runtime.params import STAGES, Params
 
 
 def test_defaults_are_the_embedded_file(tmp_path):
-    repo = params.Path(params.__file__).resolve().parents[1]
+    repo = REPO
     embedded = params.load(repo / "params" / "embedded.yaml")
     assert embedded == Params()  # the file spells out the defaults
 
 
 def test_every_params_file_loads():
-    repo = params.Path(params.__file__).resolve().parents[1]
+    repo = REPO
     files = sorted(f for f in (repo / "params").glob("*.yaml") if not f.name.startswith("campaign-"))
     assert len(files) >= 3
     for f in files:
         assert params.load(f).config == f.stem
-    from replaylib import campaign  # campaign files: every params file they name loads too
+    from replaylib.runtime import campaigns as campaign
     for f in sorted((repo / "params").glob("campaign-*.yaml")):
         assert campaign.load(f).configs
 
@@ -124,7 +125,7 @@ def test_extends_takes_another_file_s_values_and_keeps_its_own_name(tmp_path):
 def test_files_written_on_extends_keep_their_stage_keys():
     """The paper's files, once spelled out in full (tests/data/params-before-extends), now say only what
     differs from paper-primary.yaml: the same parameters, so the same stage keys."""
-    repo = params.Path(params.__file__).resolve().parents[1]
+    repo = REPO
     before = sorted((repo / "tests" / "data" / "params-before-extends").glob("paper-*.yaml"))
     assert len(before) == 6
     for old in before:

@@ -8,9 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from replaylib import params, rundir
-from replaylib.params import STAGES
+from replaylib.core import files
 from replaylib.run import plan
+from replaylib.runtime import params, rundir
+from replaylib.runtime.params import STAGES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,7 +32,7 @@ def test_every_stage_finishes_with_manifest_and_notebook(tiny_run):
 
 
 def test_records_follow_the_published_schema(tiny_run):
-    from replaylib.records import KEY, REQUIRED, load_records
+    from replaylib.analysis.records import KEY, REQUIRED, load_records
     run = tiny_run / "runs" / "tiny"
     recs = load_records(run / "03_three_pass_replay" / "records.parquet")
     assert len(recs) > 0 and set(REQUIRED) <= set(recs.columns)
@@ -52,18 +53,18 @@ def test_records_follow_the_published_schema(tiny_run):
 
 
 def _summarized(df):
-    from replaylib import stats
+    from replaylib.analysis import stats
     return json.loads(json.dumps({**stats.summarize(df), **stats.text_numbers(df)}, default=str))
 
 
 def test_tables_figures_and_summary_hold_the_statistics_of_the_records(tiny_run):
-    from replaylib import stats
-    from replaylib.records import load_records
+    from replaylib.analysis import stats
+    from replaylib.analysis.records import load_records
     run = tiny_run / "runs" / "tiny"
     recs = load_records(run / "03_three_pass_replay" / "records.parquet")
     inv_recs = load_records(run / "05_batch_invariant" / "records.parquet")
     summary = json.loads((run / "04_statistics" / "summary.json").read_text())
-    from replaylib import claims
+    from replaylib.analysis import claims
     main = {**_summarized(recs), "sign_power": claims.sign_power(stats.exclude_not_exact(recs)[0])}
     assert summary["main"] == main and summary["main"]["n_records"] == len(recs)
     assert summary["rows"] == {"tiny": _summarized(recs), "tiny batch-invariant": _summarized(inv_recs)}
@@ -81,7 +82,7 @@ def test_tables_figures_and_summary_hold_the_statistics_of_the_records(tiny_run)
     # the margin histogram is a display the pivot notebook draws, not a stage product
     assert "products" not in json.loads((run / "02_pivot_mining" / "manifest.json").read_text())
     assert all((tiny_run / "figures" / "tiny" / f"figS1_margins.{e}").exists() for e in ("pdf", "png", "csv"))
-    assert all(rundir.sha256_file(tiny_run / p) == h for p, h in products.items())
+    assert all(files.sha256_file(tiny_run / p) == h for p, h in products.items())
     for name in ("fig1_quadrants", "fig2_configs", "fig3_logprob_ecdf"):
         assert f"figures/tiny/{name}.pdf" in products and f"figures/tiny/{name}.csv" in products
     inv = json.loads((run / "05_batch_invariant" / "invariant.json").read_text())
@@ -124,7 +125,7 @@ def test_verify_checks_every_input_against_the_upstream_output(tiny_run, tmp_pat
     data[len(data) // 2] ^= 1
     trunks.write_bytes(bytes(data))
     manifest = json.loads((sampling / "manifest.json").read_text())
-    manifest["outputs"]["trunks.parquet"] = rundir.sha256_file(trunks)  # 01 consistent with itself
+    manifest["outputs"]["trunks.parquet"] = files.sha256_file(trunks)  # 01 consistent with itself
     (sampling / "manifest.json").write_text(json.dumps(manifest))
     code, lines = _verify(copy / "runs" / "tiny", capsys)
     assert code == 1

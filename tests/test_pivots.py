@@ -1,8 +1,8 @@
 """Pivot selection rules (docs/protocol.md 3.2) on synthetic trunks."""
 import pandas as pd
 
-from replaylib import params
-from replaylib.pivots import mine
+from replaylib.measure.mining import mine
+from replaylib.runtime import params
 
 EOS, SPECIAL = 99, 98
 

@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from replaylib import plotting, records, statistics_stage
+from replaylib.analysis import plotting, records
+from replaylib.analysis import products as statistics_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "data" / "paper-records"

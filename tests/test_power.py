@@ -3,7 +3,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from replaylib import power
+from replaylib import power as power_cli
+from replaylib.analysis import power
 
 
 def test_clustered_t_matches_the_statistics_definition():
@@ -40,9 +41,9 @@ def test_a_floor_target_alone_keeps_the_excess():
 
 
 def test_cli_floor_without_excess_keeps_the_papers_excess(capsys):
-    assert power.main(["--floor", "20", "--problems", "20", "--pivots", "16", "--draws", "50"]) == 0
+    assert power_cli.main(["--floor", "20", "--problems", "20", "--pivots", "16", "--draws", "50"]) == 0
     moved = capsys.readouterr().out.splitlines()
-    assert power.main(["--problems", "20", "--pivots", "16", "--draws", "50"]) == 0
+    assert power_cli.main(["--problems", "20", "--pivots", "16", "--draws", "50"]) == 0
     paper = capsys.readouterr().out.splitlines()
     header = paper[0].split()
     row_moved, row_paper = dict(zip(header, moved[1].split())), dict(zip(header, paper[1].split()))

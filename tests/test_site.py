@@ -3,8 +3,8 @@
 One module fixture runs the real command line into a temporary directory: the paper's statistics
 (stage 04 on the published records, for the paper's row), then params/tiny.yaml with --html.
 """
-import io
 import html
+import io
 import json
 import os
 import re
@@ -16,10 +16,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from replaylib import examples, progress
-from replaylib.params import load
-from replaylib.stages import RUN_ORDER
+from replaylib.core import progress
+from replaylib.display import headline
+from replaylib.display import worked_examples as examples
 from replaylib.run import StageLine, closing_summary, main
+from replaylib.runtime.params import load
+from replaylib.runtime.registry import RUN_ORDER
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = [sys.executable, "-m", "replaylib.run"]
@@ -104,7 +106,7 @@ def test_the_closing_summary_reads_its_numbers_from_the_statistics_files(tiny_ru
     assert re.search(rf"paper: main pooled\s+{main_row['n (common)']}\s+33\.8% \(3\.9\)\s+15\.1% \(1\.1\)\s+\+18\.7\s+5\.51",
                      text)
     summary = json.loads((out / "runs" / "tiny" / "04_statistics" / "summary.json").read_text())
-    assert examples.headline_sentence(summary["main"]) in text
+    assert headline.headline_sentence(summary["main"]) in text
     assert "all passes identical on every channel" in text
     assert str(out / "site" / "tiny" / "index.html") in text
     # change the files, and the summary follows them
@@ -222,7 +224,7 @@ def test_worked_examples_choose_the_pivot_and_find_sign_changes():
 
 def test_continuation_texts_are_shown_when_the_records_keep_their_tokens(tiny_run):
     out, _ = tiny_run
-    from replaylib import replay, sampling
+    from replaylib.stages import replay, sampling
     tiny = load(REPO / "params" / "tiny.yaml")
     records, (trunks, _, _) = replay.load(tiny, out), sampling.load(tiny, out)
     record = records.iloc[0].copy()

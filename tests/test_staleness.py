@@ -26,7 +26,7 @@ def finished(tiny_finished):
 def tamper_shard(out: Path, rewrite_resume: bool) -> float:
     """Change A_exact1 of the first record of a finished shard; optionally record the new bytes as
     if they had been written under the current resume key. Returns the original value."""
-    from replaylib.rundir import sha256_file
+    from replaylib.core.files import sha256_file
     stage = out / REPLAY
     shard = sorted((stage / "shards").glob("*.parquet"))[0]
     df = pd.read_parquet(shard)
@@ -54,7 +54,8 @@ def test_force_recomputes_a_tampered_shard(finished, tmp_path):
 
 def test_a_tampered_shard_is_not_reused_on_resume(finished, tmp_path):
     """Without --force, a killed stage resumes from its shards, but only from bytes it wrote."""
-    from replaylib import params, replay
+    from replaylib.runtime import params
+    from replaylib.stages import replay
     out = tmp_path / "out"
     shutil.copytree(finished, out)
     tamper_shard(out, rewrite_resume=False)
@@ -109,7 +110,7 @@ def test_changed_upstream_outputs_make_every_downstream_stage_stale(finished, tm
 
 
 def test_code_fingerprints_cover_every_module_a_stage_imports():
-    from replaylib.rundir import stage_modules
+    from replaylib.runtime.fingerprint import stage_modules
     assert {"sampling", "pivots"} <= set(stage_modules("02_pivot_mining"))
     assert {"sampling", "pivots", "replay", "engine_hf", "grading"} <= set(stage_modules("03_three_pass_replay"))
     assert {"replay", "records", "plotting"} <= set(stage_modules("04_statistics"))
@@ -120,7 +121,7 @@ def test_a_stage_s_fingerprint_follows_its_computation_not_its_display(tmp_path,
     editing its engine does not."""
     import nbformat
 
-    from replaylib import rundir
+    from replaylib.runtime import fingerprint as rundir
     shutil.copytree(REPO / "replaylib", tmp_path / "replaylib")
     shutil.copytree(REPO / "notebooks", tmp_path / "notebooks")
     monkeypatch.setattr(rundir, "REPO", tmp_path)
@@ -147,8 +148,8 @@ def test_the_same_decode_time_state_saves_to_the_same_bytes(tmp_path):
     stale (safetensors writes its header's metadata in hash-map order, which differs between calls)."""
     import torch
 
-    from replaylib.rundir import sha256_file
-    from replaylib.state import load_state, save_state
+    from replaylib.core.files import sha256_file
+    from replaylib.measure.state import load_state, save_state
     state = {r: (torch.full((2, 2, 3, 4), float(r)), torch.full((2, 2, 3, 4), -float(r))) for r in range(8)}
     for i in range(4):
         save_state(state, tmp_path / f"{i}.safetensors")

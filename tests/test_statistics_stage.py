@@ -5,9 +5,9 @@ import json
 import pandas as pd
 import pytest
 
-from replaylib import statistics_stage
-from replaylib.params import Params
-from replaylib.rundir import sha256_file
+from replaylib.core.files import sha256_file
+from replaylib.runtime.params import Params
+from replaylib.stages import statistics as statistics_stage
 
 
 @pytest.fixture(scope="module")

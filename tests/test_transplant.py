@@ -2,11 +2,10 @@
 
 import pytest
 import torch
-
-from replaylib.engine import ARMS
-from replaylib.engine_hf import HFEngine
-
 from test_engine_hf import SETTINGS, channels, job_for, sample
+
+from replaylib.measure.engine import ARMS
+from replaylib.measure.engine_hf import HFEngine
 
 
 def outputs(outs):
@@ -110,7 +109,7 @@ def test_layer_profile(tiny_engine, trunks_state):
         assert r["max_abs_diff"] == max(r["max_abs_diff_prompt"], r["max_abs_diff_generated"], r["max_abs_diff_last"])
         assert (r["first_diff_pos"] == -1) == (r["max_abs_diff"] == 0)
     # a state against itself differs nowhere
-    from replaylib.state import ResidentState
+    from replaylib.measure.state import ResidentState
     same = ResidentState.produced({j.rollout: tuple(t.clone() for t in tiny_engine.fresh_prefix_state(j))
                                    for j in jobs[:1]})
     assert all(r["max_abs_diff"] == 0 for r in tiny_engine.layer_profile(jobs[:1], same))
@@ -137,7 +136,7 @@ def synthetic_records():
 
 
 def test_transplant_statistics_follow_table1():
-    from replaylib import stats
+    from replaylib.analysis import stats
     t = stats.transplant(synthetic_records()).set_index("pass")
     assert list(t.index) == ["exact2", "refeed", "xplant_refeed_kv", "xplant_decode_kv"]
     assert (t["n"] == 4).all()  # common set: pivots 0, 1, 2, 4
@@ -159,7 +158,7 @@ def test_transplant_statistics_follow_table1():
 def test_transplant_table_and_figures(tiny_engine, trunks_state, tmp_path):
     import pandas as pd
 
-    from replaylib import plotting, stats, tables
+    from replaylib.analysis import plotting, stats, tables
     tab = tables.table_transplant(synthetic_records())
     assert list(tab["pass"]) == ["exact2", "refeed", "xplant_refeed_kv", "xplant_decode_kv"]
     assert tab.loc[1, "excess pp"] == "+50.0"
@@ -175,7 +174,7 @@ def test_transplant_table_and_figures(tiny_engine, trunks_state, tmp_path):
 
 
 def test_params_accept_the_transplants_on_hf_and_refuse_them_on_vllm():
-    from replaylib import params
+    from replaylib.runtime import params
     p = params.make({"passes": ["exact1", "exact2", "refeed", "xplant_refeed_kv", "xplant_decode_kv"],
                      "prefix_precision": "float32", "layer_profile": True})
     assert p.stage_of("prefix_precision") == p.stage_of("layer_profile") == "03_three_pass_replay"

@@ -1,6 +1,6 @@
 """Keep each notebook's parameters cell in step with the schema: notebooks/*.ipynb are the source
 (edit them in Jupyter and commit them, outputs cleared); this tool rewrites only the cell tagged
-`parameters` of each stage notebook from replaylib.params, so a new parameter reaches its notebook
+`parameters` of each stage notebook from replaylib.runtime.params, so a new parameter reaches its notebook
 with `make notebooks`. `--check` changes nothing and exits 1 naming the notebooks out of date.
 
     python tools/make_notebooks.py [--check]
@@ -15,8 +15,8 @@ import nbformat
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from replaylib.params import EXECUTOR_KEYS, Params, own_keys  # noqa: E402
-from replaylib.stages import CAMPAIGN, EXECUTOR_STAGES, STAGES  # noqa: E402
+from replaylib.runtime.params import EXECUTOR_KEYS, Params, own_keys
+from replaylib.runtime.registry import CAMPAIGN, EXECUTOR_STAGES, STAGES
 
 
 def parameters_source(stage: str) -> str:

@@ -11,7 +11,7 @@ overhead_vs_plain_generate=<ratio>), the engine's start-up, and the projected co
 seven configurations. The rest of this text is about the other workloads.
 
 A workload fixes the model, the problems, the trunks (sampled by the engine itself with
-the seeds of replaylib.engine.trunk_seed), the pivots (replaylib.pivots.mine with a fixed
+the seeds of replaylib.measure.seeds.trunk_seed), the pivots (replaylib.measure.mining.mine with a fixed
 Params), K and the lengths. On the same machine, in the same process and on the same
 model object (same dtype, same linear kernel) it then replays every pivot's requests
 (per arm: K sampled continuations and one greedy probe, prompt = job.prefix_ids(arm)):
@@ -23,7 +23,7 @@ model object (same dtype, same linear kernel) it then replays every pivot's requ
          every request re-feeds its whole prefix (on the slow CPU workload: the requests
          of the first `naive_pivots` pivots; rates are compared, not totals).
 
-Both are graded (replaylib.replay.estimate) and write their records (parquet), and for
+Both are graded (replaylib.measure.replay.estimate) and write their records (parquet), and for
 both the benchmark prints generated continuation tokens/s (continuations + probes, over
 the phase's wall time), pivots/minute, peak memory, and the time split (prefill, decode,
 grading, I/O, other). Its last line is

@@ -14,8 +14,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..engine import ARMS, PassSettings, trunk_seed
-from ..sampling import trunk_row
+from ..measure.engine import ARMS, PassSettings
+from ..measure.sampling import trunk_row
+from ..measure.seeds import trunk_seed
 from .measure import DecodeTraffic, kv_bytes_per_token, weight_bytes_per_step
 
 # The config.json of Qwen/Qwen2.5-7B-Instruct (the paper's main model), value for value: the
@@ -133,7 +134,7 @@ def project_campaign(rows: list[dict], tokens_per_s: float, trunk_tokens_per_s: 
     """Seconds on one GPU at the measured rates, per configuration: its continuation tokens at the
     replay's rate (whose wall time includes regenerating the trunks), its trunks sampled once at the
     sampling stage's rate, and its engine start-ups. shared_engines (a campaign's default,
-    replaylib.engine_service): one engine per model serves every stage and configuration of that model,
+    replaylib.runtime.engine_service): one engine per model serves every stage and configuration of that model,
     so each model's first configuration pays one cold start-up (a model compiles its own graphs) and the
     others none; else `stages` start-ups per configuration (sampling, replay), the campaign's first one
     cold and every later one with the compilation cache warm (warm_startup_s; None: all cold)."""
@@ -198,7 +199,7 @@ def synthetic_prompt(problem_id: int, n: int) -> list[int]:
     return [rng.randrange(1000, 150000) for _ in range(n)]
 
 def stable_problem_seed(problem_id: int) -> int:
-    from ..engine import stable_seed
+    from ..measure.seeds import stable_seed
     return stable_seed(problem_id, "bench-paper7b-prompt")
 
 def spread_pivots(trunks: pd.DataFrame, per_trunk: int, block_size: int) -> pd.DataFrame:
@@ -253,7 +254,7 @@ def paper7b_traffic(config: dict, calls: list[list[tuple[int, int]]]) -> "Decode
 
 def main_startup_only(args, log) -> int:
     """Start the paper7b engine once more (same model directory and compilation cache) and time it."""
-    from ..engine_vllm import prepare_environment
+    from ..measure.engine_vllm import prepare_environment
     out = Path(args.out or "runs/bench-paper7b")
     os.environ.setdefault("VLLM_CACHE_ROOT", str((out / "vllm-cache").resolve()))
     prepare_environment(False, "bench-paper7b", serving="inprocess")  # the mode lease 4 measured
@@ -267,8 +268,8 @@ def main_startup_only(args, log) -> int:
 def main_paper7b(args, log) -> int:
     from functools import partial
 
-    from ..engine_vllm import VLLMEngine, prepare_environment
-    from ..replay import build_jobs
+    from ..measure.engine_vllm import VLLMEngine, prepare_environment
+    from ..measure.replay import build_jobs
 
     if args.startup_only:
         return main_startup_only(args, log)

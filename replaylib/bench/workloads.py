@@ -16,12 +16,20 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..data import load_problems
-from ..engine import ARMS, PassSettings, PivotOutput, trunk_seed
-from ..params import BOXED_INSTRUCTION, make
-from ..sampling import trunk_row
-from .measure import Clock, DecodeTraffic, PeakMemory, PhaseResult, _load, report, speedup
-
+from ..measure.data import load_problems
+from ..measure.engine import ARMS, PassSettings, PivotOutput
+from ..measure.sampling import trunk_row
+from ..measure.seeds import trunk_seed
+from ..runtime.params import BOXED_INSTRUCTION, make
+from .measure import (
+    Clock,
+    DecodeTraffic,
+    PeakMemory,
+    PhaseResult,
+    _load,
+    report,
+    speedup,
+)
 
 LAST_LINE = "speedup_vs_naive={ratio:.3f} tokens_per_s={ours:.2f} naive_tokens_per_s={naive:.2f}"
 
@@ -64,9 +72,9 @@ WORKLOADS = {
 # ---------------------------------------------------------------- workload
 def build_workload(engine, wl: Workload, log=print):
     """Trunks (engine-sampled, fixed seeds), pivots (fixed Params) and pivot jobs."""
-    from .. import pivots as pivot_stage
-    from ..grading import grade
-    from ..replay import build_jobs
+    from ..measure import mining as pivot_stage
+    from ..measure.grading import grade
+    from ..measure.replay import build_jobs
     problems = {p.problem_id: p for p in load_problems("gsm8k")}
     prompts = {pid: engine.prompt_ids(problems[pid].question, BOXED_INSTRUCTION) for pid in wl.problems}
     seeds = {(pid, r): trunk_seed(pid, r) for pid in wl.problems for r in range(wl.n_rollouts)}
@@ -102,7 +110,7 @@ def generated_tokens(out: PivotOutput) -> int:
 
 def grade_and_write(engine, jobs, outs, gold, clock: Clock, out_dir: Path, tag: str):
     """Grade every pivot (the A estimate) and write the records, timed as grading and I/O."""
-    from ..replay import estimate
+    from ..measure.replay import estimate
     t0 = clock.now()
     records = []
     for job, out in zip(jobs, outs):
@@ -154,7 +162,7 @@ def run_ours(engine, jobs, gold, settings: PassSettings, out_dir: Path) -> tuple
 
 # ---------------------------------------------------------------- (a') the vLLM engine
 def vllm_engine(model_path: str, wl: Workload, gpu_memory_utilization: float):
-    from ..engine_vllm import VLLMEngine
+    from ..measure.engine_vllm import VLLMEngine
     params = make({"config": f"bench-{wl.name}", "model": model_path, "engine": "vllm", "device": "cuda",
                    "dtype": wl.dtype, "gpu_memory_utilization": gpu_memory_utilization, "enforce_eager": False,
                    "temperature": wl.temperature, "top_p": wl.top_p, "max_trunk_tokens": wl.max_trunk_tokens},
@@ -188,7 +196,7 @@ class _AnswerStop:
     """Stop a batch-of-one generate once a final answer is complete (as the engine's stop_at_answer)."""
 
     def __init__(self, engine, prefix_text: str, prompt_len: int):
-        from ..grading import answer_complete
+        from ..measure.grading import answer_complete
         self.engine, self.text, self.start, self.seen = engine, prefix_text, len(prefix_text), prompt_len
         self.answer_complete = answer_complete
 
@@ -310,8 +318,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers.utils import logging as hf_logging
     hf_logging.set_verbosity_error()
-    from ..engine_hf import HFEngine
-    from ..models import resolve_model
+    from ..measure.engine_hf import HFEngine
+    from ..measure.models import resolve_model
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -1,0 +1,105 @@
+"""A campaign's live rows against the paper's published ones: every Table 1 quantity, published
+and live, with its 95% problem-bootstrap interval and whether the published value lies inside;
+the paper's claims judged per engine mode (``replaylib.analysis.claims``); and the comparison as Markdown
+(tables/campaign-<name>/live_vs_published.{csv,md}). The campaign (``replaylib.campaign``) runs the
+configurations and calls these on their records."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from ..core.paths import PAPER_RECORDS
+from ..runtime.params import Params
+from . import records as rec
+from . import stats
+
+if TYPE_CHECKING:
+    from ..runtime.campaigns import Campaign, Row
+
+QUANTITIES = stats.TABLE1_QUANTITIES
+
+
+def quantities(df: pd.DataFrame) -> dict:
+    """Table 1's quantities of one record set, unrounded (None where undefined, as Table 1's "-")."""
+    q = stats.table1_numbers(df)
+    return {k: q[k] for k in QUANTITIES}
+
+
+def bootstrap_quantities(df: pd.DataFrame, n_boot: int, seed: int = 0) -> dict:
+    """95% percentile intervals of every quantity, resampling problems with replacement (``stats``'s
+    one bootstrap; a problem drawn twice counts as two clusters)."""
+    return stats.table1_intervals(df, n_boot, seed)
+
+
+def compare(c: Campaign, rows: dict, n_boot: int) -> pd.DataFrame:
+    """Every Table 1 quantity of every row: published (from data/paper-records), live, its 95%
+    problem-bootstrap interval, and whether the published value lies inside."""
+    out = []
+    for row in c.rows + [c.invariant]:
+        published = quantities(rec.load_paper_row(row.published, PAPER_RECORDS))
+        live = quantities(rows[row.label])
+        ci = bootstrap_quantities(rows[row.label], n_boot)
+        for q in QUANTITIES:
+            pub, val, iv = published[q], live[q], ci[q]
+            inside = None if pub is None or iv is None else bool(iv[0] - 1e-9 <= pub <= iv[1] + 1e-9)
+            out.append({"row": row.label, "published row": row.published, "quantity": q,
+                        "published": pub, "live": val, "ci95_low": None if iv is None else iv[0],
+                        "ci95_high": None if iv is None else iv[1],
+                        "published inside": "not measured" if inside is None else ("yes" if inside else "no")})
+    return pd.DataFrame(out)
+
+
+def engine_mode(p: Params) -> str:
+    """How a configuration's engine runs, in words: the paper's claims are judged per mode."""
+    if p.engine != "vllm":
+        return f"transformers, {p.device}"
+    return f"vLLM {p.vllm_serving}" + (", synchronized passes" if p.pass_submission == "synchronized" else "")
+
+
+def row_mode(c: Campaign, row: Row) -> str:
+    modes = {engine_mode(c.configs[n]) for n in row.configs if n in c.configs}
+    return modes.pop() if len(modes) == 1 else ("mixed" if modes else "")
+
+
+def verdicts(c: Campaign, rows: dict) -> list[dict]:
+    """One line per claim of the paper and engine mode, from the live rows (replaylib.analysis.claims: holds,
+    does not hold, underpowered or not measured): a campaign with rows in several serving modes
+    (multi-process vLLM, in-process vLLM) is judged mode by mode."""
+    from . import claims
+    out = []
+    for mode in dict.fromkeys(row_mode(c, r) for r in c.rows + [c.invariant]):
+        stock = {r.label: stats.exclude_not_exact(rows[r.label])[0] for r in c.rows if row_mode(c, r) == mode}
+        invariant = ({c.invariant.label: stats.exclude_not_exact(rows[c.invariant.label])[0]}
+                     if row_mode(c, c.invariant) == mode else {})
+        out += [{**x, "mode": mode} for x in claims.judge(stock, invariant)]
+    return out
+
+
+def _cell(v, quantity: str = ""):
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return "-"
+    return f"{v:.0f}" if quantity == "n (common)" else f"{v:.2f}"
+
+
+def comparison_markdown(c: Campaign, table: pd.DataFrame, claims: list[dict]) -> str:
+    lines = [f"# {c.label}: live vs published", ""]
+    if c.note:
+        lines += [f"**Note:** {c.note}", ""]
+    lines += ["| row | published row | quantity | published | live | 95% CI (problems) | published inside |",
+              "|---|---|---|---|---|---|---|"]
+    for r in table.itertuples(index=False):
+        q = r.quantity
+        ci = ("-" if r.ci95_low is None or pd.isna(r.ci95_low) else
+              f"[{_cell(r.ci95_low, q)}, {_cell(r.ci95_high, q)}]")
+        lines.append(f"| {r.row} | {r[1]} | {q} | {_cell(r.published, q)} | {_cell(r.live, q)} | {ci} | {r[7]} |")
+    lines += ["", "## The paper's claims, on the live records", ""]
+    modes = list(dict.fromkeys(x.get("mode", "") for x in claims))
+    for mode in modes:
+        if len(modes) > 1:
+            lines += [f"### {mode}", ""]
+        lines += [f"- {x['claim']}: **{x['verdict']}** ({x['detail']})" for x in claims if x.get("mode", "") == mode]
+        if len(modes) > 1:
+            lines.append("")
+    return "\n".join(lines) + "\n"

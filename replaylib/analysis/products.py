@@ -1,0 +1,126 @@
+"""The statistics stage's products from its inputs: the published records or a run's, every figure, the transplant tables, the claims and summary.json."""
+from __future__ import annotations
+
+import pandas as pd
+
+from ..core.paths import PAPER_RECORDS
+from . import claims, plotting, stats, tables
+from . import records as rec
+
+# the paper's Figure 3 pools these four runs, without deduplication (3,047 pivots)
+FIG3_FILES = ("2026-06-11/primary.json", "2026-06-11/screened.json", "2026-06-11/k8.json", "2026-06-11/phi.json")
+
+
+COHORTS = {"primary": "2026-06-11/primary.json", "screened": "2026-06-11/screened.json"}
+
+
+def _concat(frames):
+    """Frames stacked as they are (no deduplication), their configs kept."""
+    frames = list(frames)
+    out = pd.concat(frames, ignore_index=True)
+    out.attrs = {"configs": {k: v for f in frames for k, v in f.attrs.get("configs", {}).items()}}
+    return out
+
+
+def published_inputs(root=PAPER_RECORDS) -> dict:
+    """The paper's inputs: the seven Table 1 rows, each records file as a run with its
+    published blocks (the two main cohorts and their pool among them), the cohorts, and
+    Figure 3's four pooled runs with the batch-invariant run."""
+    rows = {label: rec.load_paper_row(label, root) for label in rec.PAPER_ROWS}
+    runs = {}
+    for label, meta in rec.PAPER_ROWS.items():
+        if len(meta["files"]) > 1:  # a pooled row: each file, then the pool (no harness aggregate)
+            for name, f in COHORTS.items():
+                runs[name] = {"file": f, "records": rec.load_records(root / f), **rec.load_blocks(root / f)}
+            runs[label] = {"file": " + ".join(meta["files"]), "records": rows[label]}
+        else:
+            f = meta["files"][0]
+            runs[label] = {"file": f, "records": rows[label], **rec.load_blocks(root / f)}
+    cohorts = {name: runs[name]["records"] for name in COHORTS} | {"main pooled": rows["main pooled"]}
+    fig3 = _concat(rec.load_records(root / f) for f in FIG3_FILES)
+    return {"rows": rows, "runs": runs, "cohorts": cohorts, "main": rows["main pooled"],
+            "main_label": "Pooled main configuration", "fig3": fig3, "invariant": rows["batch-invariant"]}
+
+
+def figures(inputs: dict) -> dict:
+    """Every figure of the stage: {name: ((fig, ax), data frame it plots)}."""
+    main, rows = inputs["main"], inputs["rows"]
+    out = {
+        "fig1_quadrants": (plotting.fig1_quadrants(main, label=inputs["main_label"]), plotting.fig1_data(main)),
+        "fig2_configs": (plotting.fig2_configs(rows), plotting.fig2_data(rows)),
+        "fig3_logprob_ecdf": (plotting.fig3_logprob_ecdf(inputs["fig3"], inputs["invariant"]),
+                              plotting.fig3_data(inputs["fig3"], inputs["invariant"])),
+    }
+    comparisons = stats.pass_comparisons(main)
+    if len(comparisons) > 2:  # beyond exact2 and refeed: the extra passes of [ours]
+        out["fig4_passes"] = (plotting.fig4_passes(comparisons), comparisons)
+    transplant = stats.transplant(main)
+    if len(transplant):  # [ours] the cache transplants
+        out["fig5_transplant"] = (plotting.fig5_transplant(transplant), transplant)
+    profile = inputs.get("layer_profile")
+    if profile is not None and len(profile):
+        out["fig6_layer_profile"] = (plotting.fig6_layer_profile(profile), profile)
+    return out
+
+
+def transplant_tables(inputs: dict) -> dict:
+    """[ours] The transplant tables, where the run has them: tab19_transplant (transplant passes)
+    and tab20_layer_profile (the per-layer profile summarised over pivots)."""
+    out = {}
+    t = tables.table_transplant(inputs["main"])
+    if len(t):
+        out["tab19_transplant"] = t
+    profile = inputs.get("layer_profile")
+    if profile is not None and len(profile):
+        out["tab20_layer_profile"] = stats.layer_profile_summary(profile)
+    return out
+
+
+def run_claims(inputs: dict) -> list[dict]:
+    """The paper's claims judged on this run's rows (replaylib.analysis.claims): the batch-invariant row for the
+    identity, every other row for the rest; records not verified exact left out."""
+    stock = {label: stats.exclude_not_exact(df)[0] for label, df in inputs["rows"].items()
+             if df is not inputs["invariant"]}
+    invariant = {label: stats.exclude_not_exact(df)[0] for label, df in inputs["rows"].items()
+                 if df is inputs["invariant"]}
+    return claims.judge(stock, invariant)
+
+
+def main_summary(df: pd.DataFrame) -> dict:
+    """summary.json's "main": every statistic of the main records, and whether the sign statistics
+    have power at this size (the headline's choice of channel reads it)."""
+    return {**stats.summarize(df), **stats.text_numbers(df),
+            "sign_power": claims.sign_power(stats.exclude_not_exact(df)[0])}
+
+
+def _records(df: pd.DataFrame) -> list:
+    """Rows as dicts with None, not NaN, where a value is missing (strict JSON)."""
+    return df.astype(object).where(df.notna(), None).to_dict("records")
+
+
+def summary(inputs: dict, n_boot: int) -> dict:
+    """summary.json: the main row's statistics, extras and exactness, every row, the
+    cohorts, and each run's pre-registered metrics beside its harness aggregate, per-problem
+    blocks and elapsed seconds (where the files have them)."""
+    main, rows = inputs["main"], inputs["rows"]
+    runs = {}
+    for name, r in inputs["runs"].items():
+        pre = stats.preregistered(stats.exclude_not_exact(r["records"])[0])
+        agg = r.get("aggregate")
+        runs[name] = {"file": r.get("file"), "preregistered": pre, "harness_aggregate": agg,
+                      "aggregate_reproduced": None if agg is None else pre == agg,
+                      "per_problem": r.get("per_problem"), "elapsed_seconds": r.get("elapsed_seconds")}
+    return {
+        "main": main_summary(main),
+        "claims": inputs["claims"],
+        "extras": stats.extras(main, seed=0, n_boot=n_boot),
+        "resume_exactness": stats.resume_exactness(main),
+        "passes": stats.pass_comparisons(main).to_dict("records"),
+        "rows": {label: {**stats.summarize(df), **stats.text_numbers(df)} for label, df in rows.items()},
+        "cohorts": {label: stats.summarize(df) for label, df in (inputs["cohorts"] or {}).items()},
+        "runs": runs,
+        "figure3": plotting.fig3_data(inputs["fig3"], inputs["invariant"]).to_dict("records"),
+        "transplant": _records(stats.transplant(main)),
+        "layer_profile": (_records(stats.layer_profile_summary(inputs["layer_profile"]))
+                          if inputs.get("layer_profile") is not None else []),
+    }

@@ -1,0 +1,43 @@
+"""Where things are: the repository, the output root and every path in them that more than one module
+names. Each path is built here, once."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1]
+REPO = PACKAGE.parent
+DATA = REPO / "data"
+PAPER_RECORDS = DATA / "paper-records"
+PAPER_FIGURES = DATA / "paper-figures"
+NOTEBOOKS = REPO / "notebooks"
+PARAMS = REPO / "params"
+# absolute from the start: a stage's kernel runs in the repository, not in the directory the runner was started in
+DEFAULT_OUT = Path(os.path.abspath(os.environ.get("REPLAYLIB_OUT", REPO)))
+
+
+def out_root(out_dir: str | Path | None = None) -> Path:
+    """The output root as an absolute path (a relative one is taken from the working directory, once)."""
+    return Path(os.path.abspath(out_dir)) if out_dir else DEFAULT_OUT
+
+
+def config_dir(config: str, out_dir=None) -> Path:
+    """runs/<config>/: a configuration's (or a campaign's) run directory."""
+    return out_root(out_dir) / "runs" / config
+
+
+def stage_dir(config: str, stage: str, out_dir=None) -> Path:
+    """runs/<config>/<stage>/."""
+    return config_dir(config, out_dir) / stage
+
+
+def figures_dir(config: str, out_dir=None) -> Path:
+    return out_root(out_dir) / "figures" / config
+
+
+def tables_dir(config: str, out_dir=None) -> Path:
+    return out_root(out_dir) / "tables" / config
+
+
+def notebook_path(stage: str) -> Path:
+    return NOTEBOOKS / f"{stage}.ipynb"

@@ -1,0 +1,155 @@
+"""Live progress of a stage, in a notebook and in the terminal of `python -m replaylib.run`.
+
+A stage opens a bar for each phase of its work, `progress.bar(stage_dir, "replay", total, unit)`;
+its loops call `progress.update(n)`, and the engines report every decode step with
+`progress.tokens(n_tokens, rows_finished)`. The bar is a tqdm.auto bar (a widget in Jupyter)
+and is also written, at most twice a second, to `<stage_dir>/progress.json`. A stage runs
+inside a papermill kernel whose output the terminal never sees, so the runner polls that
+file and draws the stage's line itself; under the runner (REPLAYLIB_RUNNER set) the notebook
+keeps no bar of its own. A stage whose engine runs in another process (replaylib.runtime.engine_service)
+gets that process's progress as events (`forward_to` there, `apply` here).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+FILE = "progress.json"
+RUNNER_ENV = "REPLAYLIB_RUNNER"
+WRITE_EVERY_S = 0.5
+_current: "Bar | None" = None
+_forward = None  # in an engine server, while a unit runs: sends each progress event to its stage
+
+
+class Bar:
+    """One phase of a stage: `n` of `total` units done, plus decoded tokens."""
+
+    def __init__(self, stage_dir, desc: str, total: int, unit: str, count_rows: bool = False):
+        self.path = Path(stage_dir) / FILE
+        self.desc, self.total, self.unit, self.count_rows = desc, int(total), unit, count_rows
+        self.n, self.n_tokens, self.started, self._written = 0, 0, time.time(), 0.0
+        if os.environ.get(RUNNER_ENV):  # the runner draws the line; tqdm.auto would warn in a kernel without widgets
+            from tqdm import tqdm
+            self.tqdm = tqdm(total=self.total, disable=True)
+        else:
+            from tqdm.auto import tqdm
+            self.tqdm = tqdm(total=self.total, desc=desc, unit=unit)
+        self._write(force=True)
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        self.tqdm.update(n)
+        self._write()
+
+    def add_total(self, n: int) -> None:
+        self.total += n
+        self.tqdm.total = self.total
+        self.tqdm.refresh()
+        self._write(force=True)
+
+    def add_tokens(self, n: int, rows_finished: int = 0) -> None:
+        self.n_tokens += n
+        if self.count_rows and rows_finished:
+            self.n += rows_finished
+            self.tqdm.update(rows_finished)
+        if self._write():
+            self.tqdm.set_postfix_str(f"{self.n_tokens:,} tok, {self.tokens_per_s():.1f} tok/s")
+
+    def tokens_per_s(self) -> float:
+        return self.n_tokens / max(time.time() - self.started, 1e-9)
+
+    def close(self) -> None:
+        global _current
+        self.tqdm.close()
+        self._write(force=True, done=True)
+        if _current is self:
+            _current = None
+
+    def _write(self, force: bool = False, done: bool = False) -> bool:
+        now = time.time()
+        if not force and now - self._written < WRITE_EVERY_S:
+            return False
+        self._written = now
+        state = {"desc": self.desc, "unit": self.unit, "n": self.n, "total": self.total, "tokens": self.n_tokens,
+                 "started": self.started, "updated": now, "done": done}
+        tmp = self.path.with_name(f".{FILE}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(state))
+            os.replace(tmp, self.path)
+        except OSError:  # progress is a display: a full or read-only disk must not stop the stage
+            tmp.unlink(missing_ok=True)
+        return True
+
+
+class _ForwardedBar:
+    """A bar opened by a unit in an engine server: its stage draws it."""
+
+    def update(self, n: int = 1) -> None:
+        _forward(("update", n))
+
+    def add_total(self, n: int) -> None:
+        _forward(("add_total", n))
+
+    def add_tokens(self, n: int, rows_finished: int = 0) -> None:
+        _forward(("tokens", n, rows_finished))
+
+    def close(self) -> None:
+        _forward(("close",))
+
+
+def bar(stage_dir, desc: str, total: int, unit: str, count_rows: bool = False) -> Bar:
+    """Start a phase (closing the previous one); count_rows: finished decode rows advance it."""
+    global _current
+    if _forward is not None:
+        _forward(("bar", str(stage_dir), desc, total, unit, count_rows))
+        return _ForwardedBar()
+    if _current is not None:
+        _current.close()
+    _current = Bar(stage_dir, desc, total, unit, count_rows)
+    return _current
+
+
+def update(n: int = 1) -> None:
+    if _forward is not None:
+        _forward(("update", n))
+    elif _current is not None:
+        _current.update(n)
+
+
+def tokens(n: int, rows_finished: int = 0) -> None:
+    """An engine decoded n tokens (one step of n rows, or a whole request batch)."""
+    if _forward is not None:
+        _forward(("tokens", n, rows_finished))
+    elif _current is not None:
+        _current.add_tokens(n, rows_finished)
+
+
+def forward_to(send) -> None:
+    """Send progress events to send(event) instead of drawing them (None: draw them here again)."""
+    global _forward
+    _forward = send
+
+
+def apply(event: tuple) -> None:
+    """An event a unit sent from another process (forward_to there), drawn here."""
+    kind, *args = event
+    if kind == "bar":
+        bar(*args)
+    elif kind == "update":
+        update(*args)
+    elif kind == "tokens":
+        tokens(*args)
+    elif kind == "add_total" and _current is not None:
+        _current.add_total(*args)
+    elif kind == "close" and _current is not None:
+        _current.close()
+
+
+def read(stage_dir) -> dict | None:
+    """The last state a stage wrote, or None (not started, or a half-written file)."""
+    try:
+        return json.loads((Path(stage_dir) / FILE).read_text())
+    except (OSError, ValueError):
+        return None

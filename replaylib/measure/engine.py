@@ -1,0 +1,134 @@
+"""The engine interface shared by the transformers and vLLM engines.
+
+Everything above an engine is engine-blind: sampling asks for trunks, replay hands over
+pivot jobs for one pass and gets continuations, probes and an exactness report back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+ARMS = ("actual", "alt")
+
+
+@dataclass
+class Trunk:
+    problem_id: int
+    rollout: int
+    seed: int
+    prompt_ids: list[int]
+    gen_ids: list[int]
+    topk_ids: list[list[int]]  # raw (pre-temperature) top-k token ids of every generated step
+    topk_logprobs: list[list[float]]
+    finish_reason: str  # "eos", "answer" or "length"
+
+
+@dataclass
+class PivotJob:
+    """One pivot of one trunk: both arms, K sampled continuations and one greedy probe each."""
+    pivot_id: int
+    problem_id: int
+    rollout: int
+    gen_index: int
+    prompt_ids: list[int]
+    gen_prefix: list[int]  # the trunk's tokens before the pivot
+    forced: dict  # arm -> token id placed at the pivot
+    seeds: dict  # arm -> list of K seeds
+    trunk_next: tuple | None = None  # the trunk's raw top-k (ids, logprobs) at gen_index + 1
+    trunk_rest: list | None = None  # the trunk's tokens after the pivot
+    trunk_seed: int | None = None  # the trunk's own sampling seed
+
+    @property
+    def abs_pos(self) -> int:
+        return len(self.prompt_ids) + self.gen_index
+
+    def prefix_ids(self, arm: str) -> list[int]:
+        return self.prompt_ids + self.gen_prefix + [self.forced[arm]]
+
+    @staticmethod
+    def requests(k: int) -> list[tuple[str, int | str]]:
+        """The one request layout of a pivot, the same in every pass and engine: per arm, K sampled
+        continuations (kind 0..K-1, the index of its seed), then the greedy probe (kind "probe")."""
+        return [(arm, kind) for arm in ARMS for kind in [*range(k), "probe"]]
+
+
+@dataclass
+class PassSettings:
+    k: int
+    temperature: float
+    top_p: float
+    max_tokens: int
+    probe_tokens: int
+    stop_at_answer: bool
+    task: str
+    verify_regeneration: bool = False  # exact passes also continue the actual arm with the trunk's seed
+    trunk_temperature: float = 0.7
+    trunk_top_p: float = 0.95
+    submission: str = "stock"  # vLLM multiprocess: stock (LLM.generate) or synchronized (all queued, then stepped)
+
+
+@dataclass
+class PivotOutput:
+    pivot_id: int
+    continuations: dict  # arm -> list of K token-id lists
+    probe_ids: dict  # arm -> greedy probe token ids
+    probe_first_logprob: dict  # arm -> raw logprob of the probe's first token
+    resume: dict = field(default_factory=dict)  # exactness report of this pass for this pivot
+
+
+class EngineUnavailable(RuntimeError):
+    pass
+
+
+def chat_prompt_ids(tok, question: str, instruction: str) -> list[int]:
+    """The prompt of a problem as token ids: the model's chat template with one user turn (the question,
+    then the instruction) and the generation prompt (docs/protocol.md section 2)."""
+    ids = tok.apply_chat_template([{"role": "user", "content": question + instruction}],
+                                  add_generation_prompt=True, tokenize=True)
+    return [int(i) for i in (ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)]
+
+
+class Engine(Protocol):
+    """What every engine offers; the stages use nothing else (replaylib.measure.engine_hf, replaylib.measure.engine_vllm).
+
+    A *decode-time state* is whatever lets an engine resume the KV a trunk had while it was decoded:
+    the transformers engine returns it from ``sample_trunks`` (problem -> rollout -> tensors; the
+    sampling stage saves it with ``replaylib.measure.state.save_state``), the vLLM engine keeps it in its
+    prefix cache and returns None (the replay stage re-establishes it)."""
+
+    name: str
+    stop_ids: set
+    special_ids: set
+
+    def describe(self) -> dict:
+        """What the manifests record about the engine (kind, model, device, dtype, mode, versions)."""
+
+    def prompt_ids(self, question: str, instruction: str) -> list[int]:
+        """``chat_prompt_ids`` with the engine's tokenizer."""
+
+    def decode(self, ids: list[int]) -> str:
+        """Token ids as text (special tokens skipped), for grading."""
+
+    def sample_trunks(self, prompts: dict, n_rollouts: int, seeds: dict, temperature: float, top_p: float,
+                      max_new_tokens: int, top_logprobs: int) -> tuple[dict, dict | None]:
+        """Trunks by problem (``Trunk``), and the decode-time state by problem or None."""
+
+    def problem_state(self, sampling_dir, problem_id: int, trunks, expected: dict | None = None) -> tuple:
+        """In another process than the sampling: (state handle, {rollout: verified}) of one problem,
+        from the sampling stage's directory and trunk table (``expected``: its recorded digests)."""
+
+    def resident_state(self, problem_id: int, trunks, produced: dict | None) -> tuple:
+        """In the process that sampled (the batch-invariant stage): the same pair from what
+        ``sample_trunks`` returned (``produced``)."""
+
+    def run_pass(self, jobs: list, pass_name: str, settings: "PassSettings", state) -> list:
+        """One pass over pivot jobs (``PivotOutput`` each, with its exactness report in ``resume``)."""
+
+    def check_regeneration(self, jobs: list, settings: "PassSettings", state) -> dict:
+        """pivot_id -> whether the trunk regenerates from the pivot ({} where the engine has no check)."""
+
+    def layer_profile(self, jobs: list, state) -> list:
+        """[ours] Per pivot and layer, where decode-time and re-fed K, V differ (transformers only)."""
+
+    def close(self) -> None:
+        """Stop the engine and whatever processes it started."""

@@ -1,0 +1,703 @@
+"""The Hugging Face transformers engine (any device; the embedded default on CPU).
+
+- Trunks are decoded with the model's KV cache and the decode-time KV of every trunk is
+  kept, so a later pass can resume it at any token (no 16-token blocks).
+- Sampling noise is a function of (seed, absolute position): the uniform that picks a
+  token from the nucleus is hashed from both. A resumed trunk therefore regenerates
+  itself bit for bit, and every pass sees the same randomness.
+- Logprobs are the raw distribution (before temperature and top-p), as in the paper.
+- exact passes resume the saved state; refeed prefills the same token ids afresh.
+- Invariant mode runs every forward pass on one token of one sequence, so prefill and
+  decode compute each token identically: all passes must then agree bit for bit.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..core import progress
+from .engine import ARMS, PassSettings, PivotJob, PivotOutput, Trunk, chat_prompt_ids
+from .grading import answer_complete
+from .state import ResidentState, load_state
+
+NUCLEUS_CANDIDATES = 128  # the nucleus is searched among the top tokens first (full sort as fallback)
+
+
+def position_uniform(seed: int, position: int) -> float:
+    """A uniform in [0, 1) that depends only on (seed, absolute position): splitmix64."""
+    x = (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) & (2**64 - 1)
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
+    x ^= x >> 31
+    return (x >> 11) / float(2**53)
+
+
+def choose_tokens(logits: torch.Tensor, temperature: list[float], top_p: list[float], uniforms: list[float]) -> list[int]:
+    """Greedy where temperature is 0, else inverse-CDF sampling of the top-p nucleus with the given uniforms.
+
+    Probabilities of the top candidates come from one log-sum-exp over the vocabulary; the
+    nucleus is searched among the candidates, with a full sort when it is wider.
+    """
+    out = logits.argmax(dim=-1).tolist()
+    rows = [b for b, t in enumerate(temperature) if t > 0]
+    if not rows:
+        return out
+    sub = logits if len(rows) == len(temperature) else logits[torch.tensor(rows, device=logits.device)]
+    inv_t = torch.tensor([1.0 / temperature[b] for b in rows], dtype=torch.float32, device=logits.device)[:, None]
+    scaled = sub * inv_t
+    log_z = torch.logsumexp(scaled, dim=-1, keepdim=True)
+    n_cand = min(NUCLEUS_CANDIDATES, logits.shape[-1])
+    cand_s, cand_i = scaled.topk(n_cand, dim=-1)  # sorted, descending
+    cand_p = torch.exp(cand_s - log_z)
+    for j, b in enumerate(rows):
+        p, ids = cand_p[j], cand_i[j]
+        if float(p.sum()) < top_p[b]:  # nucleus wider than the candidates: sort everything
+            p, ids = torch.sort(torch.exp(scaled[j] - log_z[j]), descending=True, stable=True)
+        cum = torch.cumsum(p, dim=0)
+        keep = int(((cum - p) < top_p[b]).sum())
+        kept = cum[:keep]
+        pick = int(torch.searchsorted(kept, uniforms[b] * float(kept[-1]), right=True).clamp(max=keep - 1))
+        out[b] = int(ids[pick])
+    return out
+
+
+def raw_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k raw logprobs (log-softmax before temperature and top-p) and their token ids."""
+    values, ids = logits.topk(k, dim=-1)
+    return values - torch.logsumexp(logits, dim=-1, keepdim=True), ids
+
+
+class _Fp32AccumulateLinear(torch.nn.Module):
+    """A bf16 linear computed as fp32 GEMM, output rounded to bf16.
+
+    Native bf16 GEMM on CPUs without bf16 instructions (AVX2) runs at a fifth of fp32
+    speed. Weights and activations stay bf16 values and accumulation is fp32, as in a
+    GPU's bf16 GEMM; only the summation order of the kernel differs.
+    """
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.weight32 = linear.weight.detach().float()
+        self.bias32 = None if linear.bias is None else linear.bias.detach().float()
+        self.out_dtype = linear.weight.dtype
+
+    def forward(self, x):
+        return F.linear(x.float(), self.weight32, self.bias32).to(self.out_dtype)
+
+
+def _cpu_has_native_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+@dataclass
+class _Rows:
+    """The per-row settings of one decode batch."""
+    seeds: list[int]
+    temperature: list[float]
+    top_p: list[float]
+    max_new: list[int]
+    topk: int = 0  # record raw top-k at every step
+    stop_at_answer: bool = False
+    prefix_text: list[str] | None = None  # for the answer check
+
+
+class HFEngine:
+    name = "hf"
+
+    def __init__(self, model_path: str, device: str = "cpu", dtype: str = "bfloat16",
+                 invariant: bool = False, max_batch_rows: int = 128, prefix_precision: str = "native"):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("device: cuda was asked for, but this machine has no CUDA GPU; set device: cpu")
+        self.device, self.dtype_name = torch.device(device), dtype
+        self.invariant, self.max_batch_rows = invariant, max_batch_rows
+        self.tok = AutoTokenizer.from_pretrained(model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype),
+                                                          attn_implementation="sdpa").to(self.device).eval()
+        self.linear_kernel = "native"
+        # invariant mode multiplies one row at a time, where native bf16 is the faster kernel
+        if self.device.type == "cpu" and dtype == "bfloat16" and not invariant and not _cpu_has_native_bf16():
+            self._swap_linears()
+            self.linear_kernel = "fp32-accumulate"
+        eos = self.model.generation_config.eos_token_id
+        eos = eos if isinstance(eos, list) else [eos]
+        self.stop_ids = {i for i in [*eos, self.tok.eos_token_id] if i is not None}
+        self.special_ids = set(self.tok.all_special_ids) | self.stop_ids
+        self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else min(self.stop_ids)
+        self.model_path = str(model_path)
+        # [ours] re-fed prefix states computed by a float32 copy of the model, rounded to the run's
+        # dtype (invariant mode keeps one computation for everything: always native)
+        if prefix_precision not in ("native", "float32"):
+            raise ValueError(f"prefix_precision must be native or float32, not {prefix_precision!r}")
+        self.prefix_precision = "native" if invariant else prefix_precision
+        self._model32 = None
+
+    @classmethod
+    def from_params(cls, params, invariant: bool = False) -> "HFEngine":
+        from .models import resolve_model
+        torch.set_num_threads(torch.get_num_threads())
+        return cls(resolve_model(params.model), params.device, params.dtype, invariant, params.max_batch_rows,
+                   getattr(params, "prefix_precision", "native"))
+
+    def close(self) -> None:
+        """Free the model (nothing runs outside this process)."""
+        self.model = self._model32 = None
+
+    def describe(self) -> dict:
+        return {"engine": "hf", "model": self.model_path, "device": str(self.device), "dtype": self.dtype_name,
+                "linear_kernel": self.linear_kernel, "invariant": self.invariant,
+                "prefix_precision": self.prefix_precision,
+                "attention": self.model.config._attn_implementation}
+
+    def _swap_linears(self):
+        for name, module in list(self.model.named_modules()):
+            for child_name, child in list(module.named_children()):
+                if isinstance(child, torch.nn.Linear):
+                    setattr(module, child_name, _Fp32AccumulateLinear(child))
+
+    # ---------------------------------------------------------------- text
+    def prompt_ids(self, question: str, instruction: str) -> list[int]:
+        return chat_prompt_ids(self.tok, question, instruction)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+    # ---------------------------------------------------------------- model calls
+    @torch.inference_mode()
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor | None, model=None):
+        out = (model or self.model)(input_ids=ids.to(self.device), position_ids=positions.to(self.device),
+                         attention_mask=None if mask is None else mask.to(self.device),
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1].float(), out.past_key_values
+
+    def _new_cache(self, keys=None, values=None):
+        """A DynamicCache, optionally filled with per-layer tensors [B, H, L, D]."""
+        from transformers import DynamicCache
+        cache = DynamicCache(config=self.model.config)
+        if keys is not None:
+            for layer, (k, v) in enumerate(zip(keys, values)):
+                cache.update(k.to(self.device), v.to(self.device), layer)
+        return cache
+
+    def _prefill(self, seqs: list[list[int]], model=None):
+        """Prefill sequences, left-padded to one length; returns (last logits, cache, mask, pads)."""
+        length = max(len(s) for s in seqs)
+        pads = [length - len(s) for s in seqs]
+        ids = torch.tensor([[self.pad_id] * p + s for p, s in zip(pads, seqs)])
+        mask = torch.tensor([[0] * p + [1] * len(s) for p, s in zip(pads, seqs)])
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        if self.invariant:  # one token of one sequence per forward pass
+            assert len(seqs) == 1, "invariant mode runs one sequence at a time"
+            cache, logits = self._new_cache(), None
+            for t in range(length):
+                logits, cache = self._forward(ids[:, t:t + 1], positions[:, t:t + 1], cache, None)
+            return logits, cache, None, pads
+        logits, cache = self._forward(ids, positions, self._new_cache(), mask if any(pads) else None, model)
+        return logits, cache, (mask if any(pads) else None), pads
+
+    # ---------------------------------------------------------------- [ours] prefix precision, transplants
+    def _float32_model(self):
+        """A float32 copy of the model (loaded once, on first use): the prefix-precision control."""
+        if self._model32 is None:
+            from transformers import AutoModelForCausalLM
+            self._model32 = AutoModelForCausalLM.from_pretrained(
+                self.model_path, dtype=torch.float32, attn_implementation="sdpa").to(self.device).eval()
+        return self._model32
+
+    def _refed_prefill(self, seqs: list[list[int]]):
+        """The re-fed prefill of a pass (refeed, refeed2, serial, xplant_refeed_kv's prefix).
+
+        prefix_precision native: exactly `_prefill`. float32: the same call on a float32 copy
+        of the model, its KV and last logits rounded to the run's dtype; everything after it
+        (the decode) runs on the run's model unchanged."""
+        if self.prefix_precision == "native" or self.model.dtype == torch.float32:
+            return self._prefill(seqs)
+        logits, cache32, mask, pads = self._prefill(seqs, model=self._float32_model())
+        dtype = self.model.dtype
+        cache = self._new_cache([layer.keys.to(dtype) for layer in cache32.layers],
+                                [layer.values.to(dtype) for layer in cache32.layers])
+        return logits.to(dtype).float(), cache, mask, pads
+
+    def fresh_prefix_state(self, job: PivotJob):
+        """The KV a fresh prefill of prompt + generated[:i] (without the forced token) produces:
+        (keys, values), each [layers, kv_heads, abs_pos, head_dim], in the prefix precision."""
+        _, cache, _, _ = self._refed_prefill([job.prompt_ids + job.gen_prefix])
+        return _row_state(cache, 0)
+
+    def _spliced_prefill(self, seqs: list[list[int]], keys: torch.Tensor, values: torch.Tensor):
+        """xplant_decode_kv: refeed's prefill call of seqs (one length, no padding) in which every
+        layer's K and V of the first n positions are replaced, before attention, by the given
+        state ([layers, kv_heads, n, head_dim]). The forced token's logits thus come out of
+        refeed's own prefill computation, attending to the transplanted prefix; the prefix
+        positions' own outputs are computed and discarded. Given the very K and V this prefill
+        computes, it is refeed bit for bit (tested)."""
+        n = keys.shape[2]
+        if self.invariant:  # one token of one sequence per forward pass: prefill only the forced token
+            assert len(seqs) == 1, "invariant mode runs one sequence at a time"
+            cache = self._new_cache([keys[layer][None] for layer in range(keys.shape[0])],
+                                    [values[layer][None] for layer in range(values.shape[0])])
+            ids, pos = torch.tensor([s[n:] for s in seqs]), torch.arange(n, len(seqs[0]))[None]
+            logits = None
+            for t in range(ids.shape[1]):
+                logits, cache = self._forward(ids[:, t:t + 1], pos[:, t:t + 1], cache, None)
+            return logits, cache
+        assert len({len(s) for s in seqs}) == 1, "the arms share a length"
+        cache = _splice_cache_class()(config=self.model.config)
+        cache.splice = (keys.to(self.device), values.to(self.device), n)
+        ids = torch.tensor(seqs)
+        positions = torch.arange(ids.shape[1]).expand(len(seqs), -1)
+        return self._forward(ids, positions, cache, None)
+
+    def layer_profile(self, jobs: list[PivotJob], state) -> list[dict]:
+        """[ours] Per pivot and layer: max |decode-time - re-fed| of K and of V over the prefix
+        [0, abs_pos), split into prompt positions, generated positions before the last one,
+        and the last prefix position (abs_pos - 1); the first position that differs; the share
+        of positions that differ; the largest |decode-time value| (for scale)."""
+        rows = []
+        for job in jobs:
+            dk, dv = state[job.rollout]
+            rk, rv = self.fresh_prefix_state(job)
+            n, p = job.abs_pos, len(job.prompt_ids)
+            for which, dec, ref in (("k", dk[:, :, :n], rk), ("v", dv[:, :, :n], rv)):
+                diff = (dec.float() - ref.float().to(dec.device)).abs().amax(dim=(1, 3)).cpu()  # [layers, n]
+                scale = dec.float().abs().amax(dim=(1, 2, 3)).cpu()
+                for layer in range(diff.shape[0]):
+                    d = diff[layer]
+                    nz = torch.nonzero(d).flatten()
+                    rows.append({
+                        "problem_id": job.problem_id, "rollout": job.rollout, "pivot_id": job.pivot_id,
+                        "abs_pos": n, "prompt_len": p, "layer": layer, "tensor": which,
+                        "max_abs_diff": float(d.max()) if n else 0.0,
+                        "max_abs_diff_prompt": float(d[:p].max()) if p else 0.0,
+                        "max_abs_diff_generated": float(d[p:n - 1].max()) if n - 1 > p else 0.0,
+                        "max_abs_diff_last": float(d[n - 1]) if n else 0.0,
+                        "first_diff_pos": int(nz[0]) if len(nz) else -1,
+                        "share_positions_differing": float(len(nz) / n) if n else 0.0,
+                        "max_abs_value": float(scale[layer])})
+        return rows
+
+    # ---------------------------------------------------------------- the decode loop
+    def _decode(self, logits, cache, mask, next_pos: list[int], rows: _Rows, keep_state: bool = False):
+        """Sample or greedily decode every row until EOS, a complete answer, or its limit.
+
+        `logits` predict the token at absolute position next_pos[b]. Finished rows leave
+        the batch. Returns per row: tokens, raw top-k (ids, logprobs) per step, finish
+        reason, and with keep_state each row's final KV (keys, values: [layers, H, L, D],
+        still left-padded).
+        """
+        n = len(next_pos)
+        assert not self.invariant or n == 1, "invariant mode decodes one sequence at a time"
+        tokens = [[] for _ in range(n)]
+        top_ids, top_lps = [[] for _ in range(n)], [[] for _ in range(n)]
+        texts = list(rows.prefix_text) if rows.prefix_text else None
+        starts = [len(t) if t is not None else 0 for t in texts] if texts else None
+        finish = ["length"] * n
+        states = {}
+        active = list(range(n))
+        pos = list(next_pos)
+        while active:
+            if rows.topk:
+                lp, ix = raw_topk(logits, rows.topk)
+            chosen = choose_tokens(logits, [rows.temperature[b] for b in active], [rows.top_p[b] for b in active],
+                                   [position_uniform(rows.seeds[b], pos[b]) if rows.temperature[b] > 0 else 0.0
+                                    for b in active])
+            keep = []
+            for j, b in enumerate(active):
+                t = chosen[j]
+                tokens[b].append(t)
+                if rows.topk:
+                    top_ids[b].append(ix[j].tolist())
+                    top_lps[b].append(lp[j].tolist())
+                done = None
+                if t in self.stop_ids:
+                    done = "eos"
+                elif rows.stop_at_answer and texts is not None and texts[b] is not None:
+                    texts[b] += self.tok.decode([t])
+                    if answer_complete(texts[b], starts[b]):
+                        done = "answer"
+                if done is None and len(tokens[b]) >= rows.max_new[b]:
+                    done = "length"
+                if done:
+                    finish[b] = done
+                    if keep_state:
+                        states[b] = _row_state(cache, j)
+                else:
+                    keep.append(j)
+            progress.tokens(len(active), len(active) - len(keep))
+            if not keep:
+                break
+            if len(keep) < len(active):
+                sel = torch.tensor(keep)
+                cache.batch_select_indices(sel.to(self.device))
+                mask = None if mask is None else mask[sel]
+            active = [active[j] for j in keep]
+            feed = torch.tensor([[tokens[b][-1]] for b in active])
+            positions = torch.tensor([[pos[b]] for b in active])
+            for b in active:
+                pos[b] += 1
+            if mask is not None:
+                mask = torch.cat([mask, torch.ones(len(active), 1, dtype=mask.dtype)], dim=1)
+            logits, cache = self._forward(feed, positions, cache, mask)
+        return tokens, top_ids, top_lps, finish, states
+
+    # ---------------------------------------------------------------- trunks
+    def sample_trunks(self, prompts: dict[int, list[int]], n_rollouts: int, seeds: dict, temperature: float,
+                      top_p: float, max_new_tokens: int, top_logprobs: int, stop_at_answer: bool = False):
+        """Trunks for several problems; returns (trunks by problem, decode-time KV state by problem).
+
+        seeds[(problem_id, rollout)] is each trunk's sampling seed. The state maps
+        problem_id -> rollout -> (keys, values), each [layers, kv_heads, length, head_dim],
+        holding the KV the model had while decoding (prompt + every fed generated token).
+        """
+        jobs = [(pid, r) for pid in prompts for r in range(n_rollouts)]
+        trunks, state = {pid: [] for pid in prompts}, {pid: {} for pid in prompts}
+        step = 1 if self.invariant else max(1, self.max_batch_rows)
+        for start in range(0, len(jobs), step):
+            chunk = jobs[start:start + step]
+            seqs = [prompts[pid] for pid, _ in chunk]
+            logits, cache, mask, pads = self._prefill(seqs)
+            rows = _Rows(seeds=[seeds[j] for j in chunk], temperature=[temperature] * len(chunk),
+                         top_p=[top_p] * len(chunk), max_new=[max_new_tokens] * len(chunk), topk=top_logprobs,
+                         stop_at_answer=stop_at_answer, prefix_text=[""] * len(chunk) if stop_at_answer else None)
+            tokens, top_ids, top_lps, finish, states = self._decode(logits, cache, mask, [len(s) for s in seqs],
+                                                                    rows, keep_state=True)
+            for b, (pid, r) in enumerate(chunk):
+                trunks[pid].append(Trunk(pid, r, seeds[(pid, r)], prompts[pid], tokens[b], top_ids[b], top_lps[b],
+                                         finish[b]))
+                fed = len(prompts[pid]) + len(tokens[b]) - 1  # the last token is never fed back
+                k, v = states[b]
+                state[pid][r] = (k[:, :, pads[b]:pads[b] + fed].clone(), v[:, :, pads[b]:pads[b] + fed].clone())
+        # digests taken as the states are produced: what every later resume is checked against
+        return trunks, {pid: ResidentState.produced(kv) for pid, kv in state.items()}
+
+    # ---------------------------------------------------------------- passes
+    def problem_state(self, sampling_dir: Path, problem_id: int, trunks, expected: dict | None = None,
+                      ) -> tuple["ResidentState", dict]:
+        """The decode-time KV the sampling stage saved for one problem, on this engine's device.
+
+        expected: rollout -> digest taken when the sampling stage produced the state (its
+        manifest). Returns the resident state and, per rollout, whether the tensors now on
+        the device have that digest and cover the trunk. Every exact pass checks the
+        digest again on the tensors it places in the cache (run_pass).
+        """
+        path = Path(sampling_dir) / "state" / f"problem_{problem_id:05d}.safetensors"
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no saved decode-time state for problem {problem_id}; "
+                                    f"rerun the sampling stage with engine: hf")
+        loaded, _ = load_state(path)
+        state = ResidentState({r: (k.to(self.device), v.to(self.device)) for r, (k, v) in loaded.items()},
+                              expected or {})
+        verified = {}
+        for t in trunks[trunks.problem_id == problem_id].itertuples(index=False):
+            length = len(t.prompt_ids) + len(t.gen_ids) - 1
+            verified[t.rollout] = bool(t.rollout in state and state[t.rollout][0].shape[2] == length
+                                       and state.verify(t.rollout))
+        return state, verified
+
+    def run_pass(self, jobs: list[PivotJob], pass_name: str, settings: PassSettings, state: dict | None,
+                 prefix_state: dict | None = None) -> list[PivotOutput]:
+        """One pass over pivot jobs.
+
+        exact*   resume the decode-time state (rollout -> (keys, values)) at the pivot token
+        refeed*  prefill prompt + prefix + forced token afresh (refeed2: a replica of refeed)
+        serial   refeed with every request alone (a batch of one), which separates "the prefix
+                 state was recomputed" from "the batch was composed differently"
+        block16  the paper's paged-cache resume: the saved state up to the last 16-token
+                 boundary, the rest of the prefix prefilled on top of it
+        xplant_refeed_kv  [ours] exact's procedure (the forced token fed as a decode step on the
+                 cache, same batches) resuming the KV a fresh prefill of prompt + generated[:i]
+                 (without the forced token) produces
+        xplant_decode_kv  [ours] refeed's procedure (the forced token's logits out of refeed's
+                 prefill call, same batches) with the decode-time KV of [0, abs_pos) placed in
+                 place of the prefix's own K and V
+
+        prefix_state (transplant passes only): pivot_id -> (keys, values) [layers, kv_heads,
+        abs_pos, head_dim], the state to transplant instead of the default one (tests inject the
+        pass's own state this way: a transplant of a state onto itself is the original pass).
+        """
+        kind = pass_kind(pass_name)
+        if (kind in ("exact", "block") or (kind == "xdecode" and prefix_state is None)) and state is None:
+            raise ValueError(f"pass {pass_name}: the decode-time state of the trunks is needed")
+        # the state this pass resumes, digested now (after any device move) against the digest
+        # taken when it was produced: a check that observes the tensors, not a file's own metadata
+        verified = ({r: bool(getattr(state, "verify", lambda _: False)(r)) for r in {j.rollout for j in jobs}}
+                    if kind in ("exact", "xdecode") and prefix_state is None else {})
+        alone = self.invariant or kind == "serial"
+        rows_per_job = 2 * (settings.k + 1)
+        per_chunk = 1 if alone else max(1, self.max_batch_rows // rows_per_job)
+        # even chunks: every decode step pays for reading the weights, so 6 pivots run as 3 + 3, not 5 + 1
+        if jobs:
+            per_chunk = math.ceil(len(jobs) / math.ceil(len(jobs) / per_chunk))
+        outputs = []
+        for start in range(0, len(jobs), per_chunk):
+            outputs += self._run_chunk(jobs[start:start + per_chunk], kind, settings, state, alone, prefix_state)
+        for out, job in zip(outputs, jobs):
+            out.resume["min_cached_tokens"] = {"exact": job.abs_pos, "block": job.abs_pos // 16 * 16,
+                                               "xdecode": job.abs_pos}.get(kind, 0)
+            placed = out.resume.pop("placed")
+            if kind in ("exact", "xdecode") and verified:
+                out.resume["state_ok"] = bool(verified[job.rollout] and placed)
+                out.resume["state"] = "saved"  # the sampling stage's tensors, digest-checked as placed
+        return outputs
+
+    def check_regeneration(self, jobs: list[PivotJob], settings: PassSettings, state) -> dict:
+        """pivot_id -> whether resuming the actual token with the trunk's own seed regenerates the
+        trunk bit for bit. Runs after the passes, in batches of its own, so that every pass of the
+        measurement sees the same batches (only the prefix state may differ between passes)."""
+        jobs = [j for j in jobs if j.trunk_rest]
+        per_chunk = 1 if self.invariant else self.max_batch_rows
+        result = {}
+        for start in range(0, len(jobs), per_chunk):
+            chunk = jobs[start:start + per_chunk]
+            out = self._run_rows(chunk, [[("actual", "regen")] for _ in chunk], "exact", settings, state)
+            result.update({j.pivot_id: tokens == list(j.trunk_rest) for j, tokens in zip(chunk, out["tokens"])})
+        return result
+
+    def resident_state(self, problem_id: int, trunks, produced: dict | None):
+        """The state sample_trunks produced in this process, checked against its digests."""
+        state = produced[problem_id]
+        return state, {r: state.verify(r) for r in state}
+
+    def _run_chunk(self, jobs, kind, settings, state, alone, prefix_state=None):
+        layouts = [job.requests(settings.k) for job in jobs]
+        if alone:  # every row alone; an arm's re-fed prefix is computed once and copied
+            results = []
+            for job, layout in zip(jobs, layouts):
+                memo = {}
+                per_row = [self._run_rows([job], [[row]], kind, settings, state, memo, prefix_state)
+                           for row in layout]
+                merged = {key: sum((r[key] for r in per_row), []) for key in ROW_FIELDS}
+                results.append(self._collect(job, layout, merged, settings))
+            return results
+        out = self._run_rows(jobs, layouts, kind, settings, state, prefix_state=prefix_state)
+        results, offset = [], 0
+        for job, layout in zip(jobs, layouts):
+            part = {key: out[key][offset:offset + len(layout)] for key in ROW_FIELDS}
+            results.append(self._collect(job, layout, part, settings))
+            offset += len(layout)
+        return results
+
+    def _prefill_on(self, state, start: int, seqs: list[list[int]]):
+        """Prefill seqs[:, start:] on top of the saved state's first `start` positions (block16)."""
+        k, v = state
+        n = len(seqs)
+        cache = self._new_cache([k[layer, :, :start].expand(n, -1, -1, -1).clone() for layer in range(k.shape[0])],
+                                [v[layer, :, :start].expand(n, -1, -1, -1).clone() for layer in range(v.shape[0])])
+        ids = torch.tensor([s[start:] for s in seqs])
+        positions = torch.arange(start, start + ids.shape[1]).expand(n, -1)
+        if self.invariant:
+            logits = None
+            for t in range(ids.shape[1]):
+                logits, cache = self._forward(ids[:, t:t + 1], positions[:, t:t + 1], cache, None)
+            return logits, cache
+        return self._forward(ids, positions, cache, None)
+
+    def _invariant_refeed(self, job: PivotJob, arms, memo: dict):
+        """Invariant mode: both arms' fresh prefill shares everything but the forced token.
+
+        Every forward pass is one token of one sequence here, so computing the shared part
+        once and the forced token per arm gives bit for bit what two separate prefills give,
+        at half the cost."""
+        if (job.pivot_id, "shared") not in memo:
+            _, cache, _, _ = self._prefill([job.prompt_ids + job.gen_prefix])
+            memo[(job.pivot_id, "shared")] = ([layer.keys for layer in cache.layers],
+                                              [layer.values for layer in cache.layers])
+        shared_k, shared_v = memo[(job.pivot_id, "shared")]
+        out = {}
+        for arm in arms:
+            if (job.pivot_id, arm) not in memo:
+                logits, cache = self._forward(torch.tensor([[job.forced[arm]]]), torch.tensor([[job.abs_pos]]),
+                                              self._new_cache(shared_k, shared_v), None)
+                memo[(job.pivot_id, arm)] = (logits[0], [layer.keys[0] for layer in cache.layers],
+                                             [layer.values[0] for layer in cache.layers])
+            out[arm] = memo[(job.pivot_id, arm)]
+        return out
+
+    def _transplant(self, job: PivotJob, kind: str, state, prefix_state, memo):
+        """The prefix state a transplant pass resumes: injected, else re-fed (xrefeed) or decode-time (xdecode)."""
+        if prefix_state is not None:
+            return prefix_state[job.pivot_id]
+        if kind == "xdecode":
+            k, v = state[job.rollout]
+            return k[:, :, :job.abs_pos], v[:, :, :job.abs_pos]
+        key = (job.pivot_id, "fresh-prefix")
+        if memo is None or key not in memo:
+            kv = self.fresh_prefix_state(job)
+            if memo is None:
+                return kv
+            memo[key] = kv
+        return memo[key]
+
+    def _run_rows(self, jobs, layouts, kind, settings, state, memo=None, prefix_state=None):
+        """Build the resumed or re-fed state for the rows of these jobs and decode them."""
+        row_job, row_arm, row_kind = [], [], []
+        for j, layout in enumerate(layouts):
+            for arm, what in layout:
+                row_job.append(j), row_arm.append(arm), row_kind.append(what)
+        keys, values, lens, first_logits = [], [], [], []
+        if kind in ("exact", "xrefeed"):
+            fresh = {} if memo is None else memo  # xrefeed: one fresh prefix prefill per pivot
+            for j, arm in zip(row_job, row_arm):
+                job = jobs[j]
+                if kind == "exact":
+                    k, v = state[job.rollout]
+                    k, v = k[:, :, :job.abs_pos], v[:, :, :job.abs_pos]
+                else:
+                    k, v = self._transplant(job, kind, state, prefix_state, fresh)
+                keys.append(k)
+                values.append(v)
+                lens.append(job.abs_pos)
+        else:
+            by_job = {}
+            for j in sorted(set(row_job)):
+                job = jobs[j]
+                arms = [a for a in ARMS if a in {row_arm[i] for i in range(len(row_job)) if row_job[i] == j}]
+                if memo is not None and all((job.pivot_id, a) in memo for a in arms):
+                    by_job[j] = {a: memo[(job.pivot_id, a)] for a in arms}
+                    continue
+                if self.invariant and kind in ("refeed", "serial") and memo is not None:
+                    by_job[j] = self._invariant_refeed(job, arms, memo)
+                    continue
+                seqs = [job.prefix_ids(a) for a in arms]  # the arms share a length: no padding
+                if kind == "block":
+                    logits, cache = self._prefill_on(state[job.rollout], job.abs_pos // 16 * 16, seqs)
+                elif kind == "xdecode":
+                    if self.invariant:
+                        outs = [self._spliced_prefill([s_], *self._transplant(job, kind, state, prefix_state, None))
+                                for s_ in seqs]
+                        logits = torch.cat([lg for lg, _ in outs])
+                        cache = _stacked_cache(self, [c for _, c in outs])
+                    else:
+                        logits, cache = self._spliced_prefill(
+                            seqs, *self._transplant(job, kind, state, prefix_state, None))
+                else:
+                    logits, cache, _, _ = self._refed_prefill(seqs)
+                by_job[j] = {a: (logits[i], [layer.keys[i] for layer in cache.layers],
+                                 [layer.values[i] for layer in cache.layers]) for i, a in enumerate(arms)}
+                if memo is not None:
+                    memo.update({(job.pivot_id, a): by_job[j][a] for a in arms})
+            for j, arm in zip(row_job, row_arm):
+                lg, k, v = by_job[j][arm]
+                first_logits.append(lg)
+                keys.append(torch.stack(k))
+                values.append(torch.stack(v))
+                lens.append(jobs[j].abs_pos + 1)
+        # left-pad every row's state to one length
+        width = max(lens)
+        pads = [width - n for n in lens]
+        layers = keys[0].shape[0]
+        pad_kv = lambda t, p: F.pad(t, (0, 0, p, 0)) if p else t
+        cache_k = [torch.stack([pad_kv(keys[r][layer], pads[r]) for r in range(len(lens))]) for layer in range(layers)]
+        cache_v = [torch.stack([pad_kv(values[r][layer], pads[r]) for r in range(len(lens))]) for layer in range(layers)]
+        cache = self._new_cache(cache_k, cache_v)
+        # the cache holds, bit for bit, the state slices it was built from (no device or dtype change)
+        placed = all(torch.equal(layer.keys, k.to(self.device)) and torch.equal(layer.values, v.to(self.device))
+                     for layer, k, v in zip(cache.layers, cache_k, cache_v))
+        mask = torch.tensor([[0] * p + [1] * n for p, n in zip(pads, lens)]) if any(pads) else None
+        if kind in ("exact", "xrefeed"):  # feed the forced token at the pivot as a decode step on the state
+            feed = torch.tensor([[jobs[j].forced[a]] for j, a in zip(row_job, row_arm)])
+            positions = torch.tensor([[jobs[j].abs_pos] for j in row_job])
+            if mask is not None:
+                mask = torch.cat([mask, torch.ones(len(lens), 1, dtype=mask.dtype)], dim=1)
+            logits, cache = self._forward(feed, positions, cache, mask)
+        else:
+            logits = torch.stack(first_logits)
+        seeds, temps, top_ps, max_new, stops = [], [], [], [], []
+        for j, a, what in zip(row_job, row_arm, row_kind):
+            job = jobs[j]
+            if what == "probe":  # greedy, fixed length: a grading-free logprob channel
+                seeds.append(0), temps.append(0.0), top_ps.append(1.0), max_new.append(settings.probe_tokens)
+                stops.append(False)
+            elif what == "regen":  # the trunk's own seed and sampling: must regenerate the trunk
+                seeds.append(job.trunk_seed), temps.append(settings.trunk_temperature)
+                top_ps.append(settings.trunk_top_p), max_new.append(len(job.trunk_rest)), stops.append(False)
+            else:
+                seeds.append(job.seeds[a][what]), temps.append(settings.temperature), top_ps.append(settings.top_p)
+                max_new.append(settings.max_tokens), stops.append(settings.stop_at_answer)
+        texts = [self.decode(jobs[j].gen_prefix + [jobs[j].forced[a]]) if stop else None
+                 for j, a, stop in zip(row_job, row_arm, stops)] if any(stops) else None
+        rows = _Rows(seeds=seeds, temperature=temps, top_p=top_ps, max_new=max_new, topk=0,
+                     stop_at_answer=any(stops), prefix_text=texts)
+        first_lp = torch.log_softmax(logits, dim=-1)
+        first_values, first_ids = raw_topk(logits, 5)
+        tokens, _, _, _, _ = self._decode(logits, cache, mask, [jobs[j].abs_pos + 1 for j in row_job], rows)
+        return {"tokens": tokens, "placed": [placed] * len(row_job),
+                "first_lp": [first_lp[r] for r in range(len(row_job))],
+                "first_topk": [(first_ids[r].tolist(), first_values[r].tolist()) for r in range(len(row_job))]}
+
+    def _collect(self, job: PivotJob, layout, part, settings) -> PivotOutput:
+        conts, probe_ids, probe_lp = {a: [] for a in ARMS}, {}, {}
+        resume = {"placed": all(part["placed"])}
+        for (arm, what), tokens, first_lp, first_topk in zip(layout, part["tokens"], part["first_lp"],
+                                                            part["first_topk"]):
+            if what == "probe":
+                probe_ids[arm] = tokens[:settings.probe_tokens]
+                probe_lp[arm] = float(first_lp[tokens[0]])
+                if arm == "actual" and job.trunk_next is not None:
+                    # does the first post-pivot step reproduce the trunk's own raw top-k bit for bit?
+                    resume["first_step_exact"] = (first_topk[0] == list(job.trunk_next[0])
+                                                  and first_topk[1] == list(job.trunk_next[1]))
+            else:
+                conts[arm].append(tokens)
+        return PivotOutput(job.pivot_id, conts, probe_ids, probe_lp, resume)
+
+
+def pass_kind(name: str) -> str:
+    """What a pass computes: exact (resume), refeed (prefill afresh), serial, or block (block16)."""
+    kinds = {"exact": "exact", "refeed": "refeed", "serial": "serial", "block16": "block",
+             "xplant_refeed_kv": "xrefeed", "xplant_decode_kv": "xdecode"}
+    for prefix, kind in kinds.items():
+        if name.startswith(prefix):
+            return kind
+    raise ValueError(f"unknown pass '{name}'; passes: exact1, exact2, refeed, refeed2, serial, block16, "
+                     f"xplant_refeed_kv, xplant_decode_kv")
+
+
+def _stacked_cache(engine, caches):
+    """One cache holding the rows of several one-row caches (same length)."""
+    return engine._new_cache([torch.cat([c.layers[layer].keys for c in caches]) for layer in range(len(caches[0].layers))],
+                             [torch.cat([c.layers[layer].values for c in caches]) for layer in range(len(caches[0].layers))])
+
+
+_SPLICE_CLASS = None
+
+
+def _splice_cache_class():
+    """A DynamicCache whose first update per layer (the prefill) replaces the first n positions
+    of the new K and V with a transplanted state before attention reads them."""
+    global _SPLICE_CLASS
+    if _SPLICE_CLASS is None:
+        from transformers import DynamicCache
+
+        class SpliceCache(DynamicCache):
+            splice = None
+
+            def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+                if self.splice is not None and key_states.shape[2] > self.splice[2]:
+                    keys, values, n = self.splice
+                    key_states, value_states = key_states.clone(), value_states.clone()
+                    key_states[:, :, :n] = keys[layer_idx][None]
+                    value_states[:, :, :n] = values[layer_idx][None]
+                return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+        _SPLICE_CLASS = SpliceCache
+    return _SPLICE_CLASS
+
+
+def _row_state(cache, slot: int):
+    """One batch row's KV as [layers, kv_heads, length, head_dim] tensors."""
+    return (torch.stack([layer.keys[slot] for layer in cache.layers]),
+            torch.stack([layer.values[slot] for layer in cache.layers]))
+
+
+ROW_FIELDS = ("tokens", "placed", "first_lp", "first_topk")

@@ -1,0 +1,649 @@
+"""The vLLM engine (vLLM 0.22.1 on a CUDA GPU): the paper's own setup.
+
+Written against the vLLM 0.22.1 wheel's source (vllm/entrypoints/llm.py, vllm/outputs.py,
+vllm/sampling_params.py, vllm/logprobs.py, vllm/v1/sample/sampler.py,
+vllm/v1/core/block_pool.py, vllm/v1/metrics/); where this file relies on a detail of
+that source, the comment names it.
+
+- One offline engine, bf16, prefix caching on, seed 0, in the serving mode of the
+  configuration (`vllm_serving`, a keyed parameter: it changes the numerics):
+  multiprocess (vLLM's default and the paper's: the engine core runs in a child process,
+  spawned, and starts stepping while a call's requests are still arriving, so identical
+  calls can run in different batches) or inprocess (VLLM_ENABLE_V1_MULTIPROCESSING=0: one
+  process, every request of a call is in before the first step). prepare_environment sets
+  the mode before vLLM is imported and refuses a process or an environment set for the
+  other one. VLLM_USE_FLASHINFER_SAMPLER=0 avoids a sampler kernel build that needs nvcc.
+- Prompts are token ids ({"prompt_token_ids": ids}), never re-tokenised text.
+- Logprobs are the raw distribution (before temperature and top-p): logprobs_mode
+  "raw_logprobs", set explicitly (also 0.22.1's default, vllm/config/model.py).
+- The trunk's decode-time KV exists only as blocks in vLLM's prefix cache, in this
+  process: sample_trunks returns no state. The replay process re-establishes it per
+  problem (problem_state): reset the prefix cache, regenerate the problem's trunks with
+  the identical requests (same batch, seeds, settings; sampling also resets before every
+  problem, so both runs see the same fresh cache) and compare token ids and logprobs
+  with the saved trunks. Trunk requests are always submitted *synchronized*: in the
+  multi-process mode the scheduler is paused (LLM.sleep(level=0, mode="keep"): requests
+  queue, nothing steps), every request is queued (LLM.enqueue), scheduling resumes
+  (LLM.wake_up(["scheduling"])) and the outputs are collected (LLM.wait_for_completion),
+  so the first step sees the whole call as an in-process engine's does and the
+  regeneration can repeat the sampling stage's trunks bit for bit. The passes are
+  submitted as the configuration says (pass_submission: stock, one LLM.generate, as the
+  paper's harness ran; or synchronized, the control).
+- A pivot's exact resume is verified per pivot, not per rollout: its resumed blocks (the
+  full blocks before the pivot's block) must be the decode-time blocks of a regenerated
+  trunk whose tokens equal the saved ones over those blocks (`state`: "identical" when the
+  regenerated trunk equals the saved one in tokens and logprobs, "tokens" when only its
+  tokens agree that far: the resumed state is then the regeneration's own decode-time
+  state), every request of it must find at least that many tokens cached
+  (num_cached_tokens) and nothing may have been preempted; pivots beyond a regeneration's
+  first differing token are flagged (state "not established"), never used silently.
+- exact passes send `prompt + generated[:i] + [forced]` and the prefix cache serves the
+  trunk's full blocks; the last partial block (the pivot's block) is prefilled, so the
+  resume is exact to floor(abs_pos / block) * block tokens, as in the paper. Each
+  request's num_cached_tokens is checked against that floor.
+- refeed resets the prefix cache first (abort if the reset reports failure, which would
+  silently make it a third exact pass) and runs the identical batch.
+- Eviction guard: the prefix pool evicts the least recently freed cached blocks first
+  (free queue of vllm/v1/core/block_pool.py: allocation pops its head, freed blocks go to
+  its tail). The trunk blocks are the last freed after the regeneration, so they
+  survive while the blocks allocated since then stay below num_gpu_blocks - 1 - (trunk
+  blocks). Each exact call is sized against that bound (an upper bound: no sharing,
+  every continuation at max_tokens); work that does not fit is split into calls, and
+  the trunks are re-established before a call that would overrun the bound. The
+  num_cached_tokens check then catches anything the bound missed.
+- Preemptions: 0.22.1 exposes no per-request count (RequestOutput has none); the
+  Prometheus counter vllm:num_preemptions (LLM.get_metrics(), stats logging on) is read
+  around every generate call. Preemptions during a regeneration mark that problem's
+  rollouts non-identical; during an exact pass they mark its pivots not verified (a
+  preempted request recomputes part of its state); all counts are logged and kept in
+  `preemptions` and PivotOutput.resume.
+- Stop at answer is not implemented here: continuations run to EOS or max_tokens, as in
+  the paper (settings.stop_at_answer is ignored). Grading takes the last answer in the
+  text, so a model that writes a second answer after its first is graded on the second.
+- Batch-invariant mode: VLLM_BATCH_INVARIANT=1 must be set before vLLM is imported, and
+  the attention backend is params.invariant_attention_backend (TRITON_ATTN; FA3 is not
+  invariant between prefill and decode, see docs/protocol.md section 7.2). enforce_eager is ignored
+  in this mode: on the H200 with the real 0.5B model, eager mode left refeed different from
+  exact1 (0/62 probe logprobs bit-exact), CUDA graphs + torch.compile made all passes
+  identical (24/24); docs/gpu-h200.md.
+- vLLM cannot compare the first post-pivot step with the trunk's own
+  (first_step_exact is None).
+- Extra passes: refeed2 is a second refeed (reset, same batch); serial sends every request
+  alone on a freshly reset cache (a batch of one, its prefix prefilled alone; slow: one
+  generate call per request); block16 is the transformers engine's imitation of what the
+  exact passes already are here, so it is refused.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import math
+import os
+import sys
+import time
+
+from ..core import progress
+from ..runtime.vllm_processes import (
+    engine_processes,
+    gpu_lifecycle_lock,
+    reap_leftover_engines,
+    register_engine_processes,
+)
+from .engine import (
+    ARMS,
+    EngineUnavailable,
+    PassSettings,
+    PivotJob,
+    PivotOutput,
+    Trunk,
+    chat_prompt_ids,
+)
+from .seeds import trunk_seed
+
+log = logging.getLogger("replaylib")
+
+LOGPROBS_MODE = "raw_logprobs"
+
+
+def unavailable_message(config: str, what: str) -> str:
+    return (f"config '{config}': engine 'vllm' needs {what}; on a CUDA machine install it "
+            f"(pip install -e '.[vllm]'), or set engine: hf")
+
+
+SERVING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+SERVING_VALUE = {"multiprocess": "1", "inprocess": "0"}
+
+
+def _serving_in_env() -> str | None:
+    value = os.environ.get(SERVING_ENV, "").strip()
+    if not value:
+        return None
+    if value not in SERVING_VALUE.values():
+        raise RuntimeError(f"{SERVING_ENV}={value!r} is set in this environment; vLLM reads 0 or 1. Unset it: the "
+                           f"configuration's vllm_serving chooses the serving mode")
+    return "multiprocess" if value == "1" else "inprocess"
+
+
+def prepare_environment(invariant: bool, config: str = "?", serving: str = "multiprocess") -> None:
+    """Environment vLLM reads at import and engine start; refuses a process whose vLLM has the other mode.
+
+    serving: multiprocess (vLLM's default) or inprocess. The parameter decides, so a value of
+    VLLM_ENABLE_V1_MULTIPROCESSING that says otherwise is refused rather than silently measured."""
+    if serving not in SERVING_VALUE:
+        raise ValueError(f"config '{config}': vllm_serving must be one of {sorted(SERVING_VALUE)}, not {serving!r}")
+    have = _serving_in_env()
+    if "vllm" in sys.modules:
+        effective = have or "multiprocess"  # what vLLM does when the variable is unset
+        if effective != serving:
+            raise RuntimeError(f"config '{config}': vllm_serving is {serving}, but this process imported vLLM for the "
+                               f"{effective} mode; run the stage in a fresh process (its own notebook kernel)")
+    elif have is not None and have != serving:
+        raise RuntimeError(f"config '{config}': {SERVING_ENV}={os.environ[SERVING_ENV]} is set in this environment, "
+                           f"but the configuration asks vllm_serving: {serving} (the parameter decides: it is in the "
+                           f"stage key); unset {SERVING_ENV}")
+    os.environ[SERVING_ENV] = SERVING_VALUE[serving]
+    if serving == "multiprocess":
+        # the engine core is a child process; fork cannot carry a CUDA context the stage may already hold
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(compile_cache_dir()))  # a value set by the user wins
+    flag = os.environ.get("VLLM_BATCH_INVARIANT", "0") not in ("", "0")
+    if invariant and not flag:
+        if "vllm" in sys.modules:
+            raise RuntimeError(f"config '{config}': batch-invariant mode needs VLLM_BATCH_INVARIANT=1 before vLLM is "
+                               f"imported, and this process imported vLLM without it; run the stage in a fresh "
+                               f"process (its own notebook kernel)")
+        os.environ["VLLM_BATCH_INVARIANT"] = "1"
+    elif not invariant and flag:
+        raise RuntimeError(f"config '{config}': VLLM_BATCH_INVARIANT=1 is set in this process, but this stage "
+                           f"measures the stock engine; unset it (only the batch-invariant stage sets it)")
+
+
+
+def engine_identity(params, invariant: bool = False) -> dict:
+    """Everything a vLLM engine is built with (the LLM's arguments and the environment vLLM reads at
+    start): stages whose identities are equal can share one engine (replaylib.runtime.engine_service)."""
+    return {"engine": "vllm", "model": params.model, "dtype": params.dtype, "device": params.device,
+            "serving": params.vllm_serving, "batch_invariant": invariant,
+            "attention_backend": (params.invariant_attention_backend if invariant else params.attention_backend)
+            or "default", "enforce_eager": bool(params.enforce_eager and not invariant),
+            "gpu_memory_utilization": params.gpu_memory_utilization, "max_model_len": params.max_model_len,
+            "kv_cache_gib": params.kv_cache_gib}
+
+
+def trunk_settings(params) -> dict:
+    """The trunks' sampling settings, which problem_state's regeneration must repeat."""
+    return {"temperature": params.temperature, "top_p": params.top_p, "max_new_tokens": params.max_trunk_tokens,
+            "top_logprobs": params.top_logprobs}
+
+
+def compile_cache_dir():
+    """vLLM's cache root (torch.compile artefacts, CUDA-graph-ready code) under the run directory, so
+    that later stages and reruns start warm: on the H200 a 7B engine started in 77.8 s cold and 47.6 s
+    with this cache (docs/gpu-h200.md, lease 4)."""
+    from ..core.paths import out_root
+    return out_root() / "runs" / ".vllm-cache"
+
+
+def blocks(n_tokens: int, block_size: int) -> int:
+    return -(-n_tokens // block_size)
+
+
+def cache_floor(abs_pos: int, block_size: int) -> int:
+    """Tokens an exact resume must find cached: the full blocks before the pivot's block."""
+    return (abs_pos // block_size) * block_size
+
+
+def topk_of(step_logprobs: dict, k: int) -> tuple[list[int], list[float]]:
+    """The top-k (ids, logprobs) of one step, best first, without vLLM's extra sampled-token entry.
+
+    vLLM 0.22.1 returns {sampled token, top-1..top-k} (vllm/logprobs.py
+    append_logprobs_for_next_position): the top-k carry ranks 1..k; the sampled token,
+    when outside the top-k, carries its vocabulary rank, counted with >= (ties included,
+    vllm/v1/sample/ops/logprobs.py), so it is always above k.
+    """
+    entries = sorted(step_logprobs.items(),
+                     key=lambda kv: (kv[1].rank if kv[1].rank is not None else math.inf, -kv[1].logprob))
+    entries = entries[:k]
+    return [int(t) for t, _ in entries], [float(lp.logprob) for _, lp in entries]
+
+
+def _ints(x) -> list[int]:
+    return [int(v) for v in x]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two sequences share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class VLLMEngine:
+    name = "vllm"
+
+    def __init__(self, llm, sampling_params_cls, model: str = "", dtype: str = "bfloat16", invariant: bool = False,
+                 attention_backend: str = "", version: str = "", config: str = "?",
+                 trunk_settings: dict | None = None, enforce_eager: bool | None = None, serving: str = "inprocess"):
+        """Wrap an existing vllm.LLM (or a stand-in with the same methods, for tests). serving: the mode the
+        LLM was started in (multiprocess or inprocess), which decides how trunk requests are submitted."""
+        self.llm, self.SamplingParams = llm, sampling_params_cls
+        self.model_path, self.dtype_name, self.invariant = model, dtype, invariant
+        self.attention_backend, self.version, self.config = attention_backend, version, config
+        self.enforce_eager, self.serving = enforce_eager, serving
+        cache_config = llm.llm_engine.vllm_config.cache_config
+        self.block_size = int(cache_config.block_size)
+        total = getattr(cache_config, "num_gpu_blocks", None)  # set by the engine core after profiling
+        self.num_blocks = int(total) - 1 if total else None  # one block is vLLM's null block
+        self.tok = llm.get_tokenizer()
+        eos = [self.tok.eos_token_id]
+        try:
+            gen_eos = llm.llm_engine.model_config.try_get_generation_config().get("eos_token_id")
+        except AttributeError:
+            gen_eos = None
+        eos += gen_eos if isinstance(gen_eos, list) else [gen_eos]
+        self.stop_ids = {int(i) for i in eos if i is not None}
+        self.special_ids = {int(i) for i in getattr(self.tok, "all_special_ids", [])} | self.stop_ids
+        self.trunk_settings = trunk_settings  # temperature, top_p, max_new_tokens, top_logprobs
+        self.epoch = 0  # prefix-cache resets so far
+        self.preemptions: dict[str, int] = {}
+        self.processes, self.registered = [], []  # the engine core's processes and their registry files
+        self.identity: dict | None = None  # engine_identity of the parameters it was built from
+
+    def configure(self, params) -> None:
+        """Serve the stage of these parameters (another stage or configuration on a shared engine): its
+        trunk settings (the regeneration repeats them) and its name in messages. Parameters that would
+        build another engine are refused."""
+        want = engine_identity(params, self.invariant)
+        if self.identity is not None and want != self.identity:
+            diff = ", ".join(f"{k}: {self.identity.get(k)!r} here, {want.get(k)!r} asked"
+                             for k in sorted(want) if want.get(k) != self.identity.get(k))
+            raise ValueError(f"config '{params.config}': this vLLM engine was built with other settings ({diff}); "
+                             f"the stage needs an engine of its own")
+        self.config, self.trunk_settings = params.config, trunk_settings(params)
+        if params.block_size > 1 and params.block_size != self.block_size:
+            log.warning("config %s: pivots are mined at block_size %d, but the engine's KV blocks hold %d tokens",
+                        params.config, params.block_size, self.block_size)
+
+    @classmethod
+    def from_params(cls, params, invariant: bool = False) -> "VLLMEngine":
+        if importlib.util.find_spec("vllm") is None:
+            raise EngineUnavailable(unavailable_message(params.config, "vLLM 0.22.1 and a CUDA GPU"))
+        import torch
+        if not torch.cuda.is_available():
+            raise EngineUnavailable(unavailable_message(params.config, "a CUDA GPU and this machine has none"))
+        if params.device == "cpu":
+            raise EngineUnavailable(f"config '{params.config}': engine 'vllm' runs on CUDA only, but device is cpu; "
+                                    f"set device: cuda, or engine: hf")
+        prepare_environment(invariant, params.config, params.vllm_serving)
+        started = time.perf_counter()
+        import vllm
+
+        from .models import resolve_model
+        model = resolve_model(params.model)
+        backend = params.invariant_attention_backend if invariant else params.attention_backend
+        eager = params.enforce_eager
+        if invariant and eager:
+            log.warning("config %s: enforce_eager is ignored in batch-invariant mode (eager vLLM 0.22.1 was not "
+                        "invariant between refeed and exact resumes on the H200; see docs/gpu-h200.md)",
+                        params.config)
+            eager = False
+        kwargs = dict(model=model, dtype=params.dtype, enable_prefix_caching=True,
+                      gpu_memory_utilization=params.gpu_memory_utilization, max_model_len=params.max_model_len,
+                      seed=0, enforce_eager=eager, logprobs_mode=LOGPROBS_MODE,
+                      disable_log_stats=False)  # stats on: the preemption counter (LLM.get_metrics)
+        if backend:
+            kwargs["attention_config"] = {"backend": backend}
+        if params.kv_cache_gib:  # a fixed KV cache: vLLM then skips its free-memory profiling
+            kwargs["kv_cache_memory_bytes"] = int(params.kv_cache_gib * 2**30)
+        reap_leftover_engines()
+        with gpu_lifecycle_lock(params.config, exclusive=not params.kv_cache_gib):
+            before = {p.pid for p in engine_processes()}
+            llm = vllm.LLM(**kwargs)
+            procs = engine_processes(exclude=before)
+            files = register_engine_processes(procs, params.config)
+        engine = cls(llm, vllm.SamplingParams, model=model, dtype=params.dtype, invariant=invariant,
+                     attention_backend=backend, version=vllm.__version__, config=params.config, enforce_eager=eager,
+                     serving=params.vllm_serving)
+        engine.processes, engine.registered = procs, files
+        engine.identity = engine_identity(params, invariant)
+        if params.vllm_serving == "multiprocess" and not procs:
+            log.warning("config %s: no vLLM engine-core process was found beside this one in the multiprocess "
+                        "mode; a killed stage's engine could not be stopped by the next one", params.config)
+        log.info("config %s: vLLM engine started in %.1f s (%s; import, weights, compilation, CUDA graphs; "
+                 "VLLM_CACHE_ROOT=%s)", params.config, time.perf_counter() - started,
+                 f"multiprocess, engine core pid {', '.join(str(p.pid) for p in procs) or '?'}"
+                 if params.vllm_serving == "multiprocess" else "inprocess", os.environ["VLLM_CACHE_ROOT"])
+        engine.configure(params)
+        return engine
+
+    def close(self, timeout_s: float = 60.0) -> list[int]:
+        """Shut the engine down and wait until its engine-core processes have exited; returns their pids.
+        A process that outlives the shutdown is killed and named in a warning."""
+        if self.llm is None:
+            return []
+        import psutil
+        with gpu_lifecycle_lock(self.config, exclusive=False):
+            try:
+                self.llm.llm_engine.engine_core.shutdown()
+            except Exception as e:  # noqa: BLE001 - a failing shutdown still ends in the checks below
+                log.warning("config %s: vLLM engine shutdown raised %s: %s", self.config, type(e).__name__, e)
+            self.llm = None
+            if self.serving == "inprocess":  # give the GPU memory back while holding the lock, not at exit
+                import gc
+                gc.collect()
+                with contextlib.suppress(Exception):
+                    import torch
+                    torch.cuda.empty_cache()
+            procs = list(self.processes) + [p for p in engine_processes() if p.pid not in
+                                            {q.pid for q in self.processes}]
+            gone, alive = psutil.wait_procs(procs, timeout=timeout_s)
+            for proc in alive:
+                log.warning("config %s: vLLM engine process %d still ran %.0f s after shutdown; killed", self.config,
+                            proc.pid, timeout_s)
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+            psutil.wait_procs(alive, timeout=10)
+            for path in self.registered:
+                path.unlink(missing_ok=True)
+        if procs:
+            log.info("config %s: vLLM engine stopped (engine-core processes %s exited)", self.config,
+                     ", ".join(str(p.pid) for p in procs))
+        return [p.pid for p in procs]
+
+    def describe(self) -> dict:
+        return {"engine": "vllm", "model": self.model_path, "device": "cuda", "dtype": self.dtype_name,
+                "block_size": self.block_size, "num_gpu_blocks": self.num_blocks,
+                "batch_invariant": self.invariant, "attention_backend": self.attention_backend or "default",
+                "enforce_eager": self.enforce_eager, "logprobs_mode": LOGPROBS_MODE, "serving": self.serving,
+                "trunk_submission": "synchronized" if self.serving == "multiprocess" else "in-process",
+                "vllm": self.version}
+
+    # ---------------------------------------------------------------- text
+    def prompt_ids(self, question: str, instruction: str) -> list[int]:
+        return chat_prompt_ids(self.tok, question, instruction)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=True)
+
+    # ---------------------------------------------------------------- engine calls
+    def _reset(self, why: str) -> None:
+        ok = self.llm.reset_prefix_cache()
+        self.epoch += 1
+        if ok is False:
+            raise RuntimeError(f"config '{self.config}': vLLM refused to reset its prefix cache ({why}): some blocks "
+                               f"are still in use; the run stops rather than measure a stale cache")
+
+    def _preemption_count(self) -> int | None:
+        try:
+            metrics = self.llm.get_metrics()
+        except (AttributeError, AssertionError):  # a stand-in, or stats logging off
+            return None
+        return int(sum(getattr(m, "value", 0) for m in metrics if m.name == "vllm:num_preemptions"))
+
+    def _submit(self, requests: list[dict], params: list, synchronized: bool):
+        """The outputs of one call, in request order. synchronized, on the multi-process engine: pause its
+        scheduler (sleep level 0 keeps weights and cache: requests queue, nothing steps), queue every
+        request, resume, collect; its first step then sees the whole call, as an in-process engine's
+        does. Otherwise one LLM.generate (in-process, every request is in before the first step anyway)."""
+        if not (synchronized and self.serving == "multiprocess"):
+            return self.llm.generate(requests, params, use_tqdm=False)
+        self.llm.sleep(level=0, mode="keep")
+        try:
+            self.llm.enqueue(requests, params, use_tqdm=False)
+        finally:
+            self.llm.wake_up(tags=["scheduling"])
+        return self.llm.wait_for_completion(use_tqdm=False)
+
+    def _generate(self, prompts: list[list[int]], params: list, label: str, synchronized: bool = False):
+        """One call; returns (outputs in request order, preemptions during it or None)."""
+        before = self._preemption_count()
+        # plain Python ints: ids read back from Parquet are numpy.int64, and vLLM hashes the token ids of
+        # its prefix-cache blocks as given, so numpy ids never match the trunk's blocks (seen on the H200:
+        # exact1 missed the cache on 15 of 21 pivots, exact2 then hit exact1's own numpy-hashed blocks)
+        outs = self._submit([{"prompt_token_ids": _ints(p)} for p in prompts], params, synchronized)
+        progress.tokens(sum(len(c.token_ids) for o in outs for c in o.outputs), len(outs))
+        after = self._preemption_count()
+        if len(outs) != len(prompts):
+            raise RuntimeError(f"vLLM returned {len(outs)} outputs for {len(prompts)} requests ({label})")
+        n = None if before is None or after is None else after - before
+        if n:
+            self.preemptions[label] = self.preemptions.get(label, 0) + n
+            log.warning("vLLM preempted %d requests during %s (KV cache too small for the batch)", n, label)
+        return outs, n
+
+    # ---------------------------------------------------------------- trunks
+    def _trunk_requests(self, pid: int, prompt: list[int], seeds: list[tuple[int, int]], s: dict):
+        """Sample one problem's trunks (rollout, seed) on a freshly reset prefix cache, submitted
+        synchronized (the regeneration must be able to repeat them)."""
+        self._reset(f"trunks of problem {pid}")
+        params = [self.SamplingParams(temperature=s["temperature"], top_p=s["top_p"], max_tokens=s["max_new_tokens"],
+                                      logprobs=s["top_logprobs"], seed=seed, detokenize=False) for _, seed in seeds]
+        outs, preempted = self._generate([prompt] * len(seeds), params, f"trunks of problem {pid}", synchronized=True)
+        trunks = []
+        for (r, seed), out in zip(seeds, outs):
+            comp = out.outputs[0]
+            top = [topk_of(step, s["top_logprobs"]) for step in comp.logprobs]
+            gen = _ints(comp.token_ids)
+            finish = "eos" if comp.finish_reason == "stop" or (gen and gen[-1] in self.stop_ids) else "length"
+            trunks.append(Trunk(pid, r, seed, list(prompt), gen, [t[0] for t in top], [t[1] for t in top], finish))
+        return trunks, preempted
+
+    def sample_trunks(self, prompts: dict[int, list[int]], n_rollouts: int, seeds: dict, temperature: float,
+                      top_p: float, max_new_tokens: int, top_logprobs: int, stop_at_answer: bool = False):
+        """Trunks for several problems, one call per problem (the batch problem_state
+        regenerates); returns (trunks by problem, None): the KV stays in this process."""
+        self.trunk_settings = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens,
+                               "top_logprobs": top_logprobs}
+        trunks = {}
+        for pid, prompt in prompts.items():
+            trunks[pid], _ = self._trunk_requests(pid, prompt, [(r, seeds[(pid, r)]) for r in range(n_rollouts)],
+                                                  self.trunk_settings)
+        return trunks, None
+
+    def problem_state(self, sampling_dir, problem_id: int, trunks, expected=None) -> tuple[dict, dict]:
+        """Make this problem's trunk blocks resident: reset, regenerate, compare with the saved trunks.
+
+        trunks: the sampling stage's trunk table (columns problem_id, rollout, seed, prompt_ids,
+        gen_ids, topk_ids, topk_logprobs); sampling_dir and expected are unused (nothing is saved on
+        disk: the regenerated trunks are compared with the saved ones token and logprob for logprob).
+        Returns (state handle, {rollout: the regeneration ran clean}): whether a pivot's resumed
+        blocks hold the saved tokens is decided per pivot in each exact pass (_resident).
+        """
+        if self.trunk_settings is None:
+            raise ValueError("the trunks' sampling settings are unknown; build the engine with from_params")
+        rows = trunks[trunks.problem_id == problem_id].sort_values("rollout")
+        saved = {}
+        for t in rows.itertuples(index=False):
+            seed = int(t.seed) if hasattr(t, "seed") else trunk_seed(problem_id, int(t.rollout))
+            saved[int(t.rollout)] = {"seed": seed, "prompt_ids": _ints(t.prompt_ids), "gen_ids": _ints(t.gen_ids),
+                                     "topk_ids": [_ints(s) for s in t.topk_ids],
+                                     "topk_logprobs": [[float(v) for v in s] for s in t.topk_logprobs]}
+        prompts = {tuple(s["prompt_ids"]) for s in saved.values()}
+        if len(prompts) != 1:
+            raise ValueError(f"problem {problem_id}: its trunks do not share one prompt")
+        state = {"problem_id": problem_id, "prompt_ids": saved[min(saved)]["prompt_ids"], "saved": saved}
+        self._establish(state)
+        return state, {r: state["clean"] for r in saved}
+
+    def _establish(self, state: dict) -> None:
+        saved = state["saved"]
+        regen, preempted = self._trunk_requests(state["problem_id"], state["prompt_ids"],
+                                                [(r, s["seed"]) for r, s in sorted(saved.items())], self.trunk_settings)
+        # preempted None: the metrics could not be read, so the regeneration is not known to be clean
+        state["clean"] = preempted == 0
+        state["identical"] = {t.rollout: bool(state["clean"] and t.gen_ids == saved[t.rollout]["gen_ids"]
+                                              and t.topk_ids == saved[t.rollout]["topk_ids"]
+                                              and t.topk_logprobs == saved[t.rollout]["topk_logprobs"])
+                              for t in regen}
+        # every regenerated sequence (prompt + tokens): its full blocks are what the exact passes resume
+        state["regenerated"] = [list(state["prompt_ids"]) + t.gen_ids for t in regen]
+        state["agree"] = {t.rollout: _common_prefix(t.gen_ids, saved[t.rollout]["gen_ids"]) for t in regen}
+        state["trunk_blocks"] = sum(blocks(max(len(seq), len(state["prompt_ids"]) + len(saved[t.rollout]["gen_ids"])),
+                                           self.block_size) for seq, t in zip(state["regenerated"], regen))
+        state["epoch"], state["allocated"] = self.epoch, 0
+        state["established"] = state.get("established", 0) + 1
+        differ = {r: n for r, n in sorted(state["agree"].items()) if not state["identical"][r]}
+        if not state["clean"]:
+            log.warning("problem %d: the trunk regeneration was preempted (or its preemptions could not be read); "
+                        "its pivots are flagged", state["problem_id"])
+        elif differ:
+            log.warning("problem %d: regenerated trunks differ from the saved ones for rollouts %s (tokens agree "
+                        "up to generated index %s); pivots whose resumed blocks lie within the agreeing tokens are "
+                        "kept (state 'tokens'), later ones flagged", state["problem_id"], sorted(differ),
+                        [differ[r] for r in sorted(differ)])
+
+    def _resident(self, job: PivotJob, state: dict) -> str:
+        """How this pivot's resumed blocks came to be cached: 'identical' (its trunk regenerated bit for bit),
+        'tokens' (a regenerated trunk has the saved tokens over those blocks, so they are its decode-time
+        state), or 'not established' (no regeneration reached them: the pivot is flagged)."""
+        if not state["clean"]:
+            return "not established"
+        if state["identical"].get(job.rollout):
+            return "identical"
+        floor = cache_floor(job.abs_pos, self.block_size)
+        want = (job.prompt_ids + job.gen_prefix)[:floor]
+        # the KV of a sequence's last token is never computed: its full blocks end before it
+        if any(len(seq) - 1 >= floor and seq[:floor] == want for seq in state["regenerated"]):
+            return "tokens"
+        return "not established"
+
+    # ---------------------------------------------------------------- passes
+    def check_regeneration(self, jobs, settings, state) -> dict:
+        """Nothing to add: problem_state already regenerates every trunk whole and compares it with
+        the sampling stage's (each pivot's resumed blocks are checked against it in the exact passes)."""
+        return {}
+
+    def job_blocks(self, job: PivotJob, settings: PassSettings) -> int:
+        """Upper bound on the KV blocks one pivot's requests allocate beyond the cached trunk blocks."""
+        cached = job.abs_pos // self.block_size
+        lengths = [settings.max_tokens] * settings.k + [settings.probe_tokens]
+        return len(ARMS) * sum(blocks(job.abs_pos + 1 + n, self.block_size) - cached for n in lengths)
+
+    def _split(self, jobs: list[PivotJob], settings: PassSettings, state: dict) -> list[list[PivotJob]]:
+        """Jobs in calls whose allocations keep the trunk blocks out of reach of eviction."""
+        if self.num_blocks is None:  # the engine did not say: one call, the cache check still verifies
+            return [jobs]
+        budget = self.num_blocks - state["trunk_blocks"]
+        chunks, used = [[]], 0
+        for job in jobs:
+            need = self.job_blocks(job, settings)
+            if need > budget:
+                raise RuntimeError(f"config '{self.config}': one pivot needs up to {need} KV blocks beside the "
+                                   f"{state['trunk_blocks']} trunk blocks, but the engine has {self.num_blocks}; "
+                                   f"raise gpu_memory_utilization or lower max_cont_tokens / k")
+            if chunks[-1] and used + need > budget:
+                chunks.append([])
+                used = 0
+            chunks[-1].append(job)
+            used += need
+        return chunks
+
+    def _request_params(self, settings: PassSettings, job: PivotJob, arm: str, kind):
+        """The sampling parameters of one request of a pivot's layout (PivotJob.requests)."""
+        if kind == "probe":  # greedy, fixed length, first-token logprob: the grading-free channel
+            return self.SamplingParams(temperature=0.0, max_tokens=settings.probe_tokens, logprobs=1,
+                                       detokenize=False)
+        return self._sampling(settings, job.seeds[arm][kind])
+
+    def resident_state(self, problem_id: int, trunks, produced=None):
+        """The trunks' KV lives in the prefix cache: make it resident again (as problem_state)."""
+        return self.problem_state(None, problem_id, trunks)
+
+    def layer_profile(self, jobs, state):
+        raise ValueError("layer_profile needs engine: hf (vLLM's APIs do not hand out a KV state)")
+
+    def _sampling(self, settings: PassSettings, seed: int):
+        if settings.temperature > 0:
+            return self.SamplingParams(temperature=settings.temperature, top_p=settings.top_p,
+                                       max_tokens=settings.max_tokens, seed=seed, detokenize=False)
+        return self.SamplingParams(temperature=0.0, max_tokens=settings.max_tokens, detokenize=False)
+
+    def run_pass(self, jobs: list[PivotJob], pass_name: str, settings: PassSettings, state: dict | None,
+                 tok_text=None) -> list[PivotOutput]:
+        """One pass over pivot jobs: exact* resumes the resident trunk blocks; refeed* resets first."""
+        if pass_name == "block16":
+            raise ValueError("pass 'block16' is the transformers engine's imitation of a paged cache; on vLLM the "
+                             "exact passes are block-granular resumes already; leave it out of passes with engine: vllm")
+        exact = pass_name.startswith("exact")
+        if not jobs:
+            return []
+        if exact:
+            if state is None:
+                raise ValueError(f"pass {pass_name}: call problem_state first (the trunk blocks must be resident)")
+            chunks = self._split(jobs, settings, state)
+        elif pass_name == "serial":
+            return self._run(jobs, pass_name, settings, None, alone=True)
+        else:
+            self._reset(f"{pass_name} pass")  # a failed reset would make this a third exact pass
+            chunks = [jobs]
+        outputs, preempted = [], 0
+        for chunk in chunks:
+            if exact:
+                need = sum(self.job_blocks(j, settings) for j in chunk)
+                over = self.num_blocks is not None and state["allocated"] + need > self.num_blocks - state["trunk_blocks"]
+                if state["epoch"] != self.epoch or over:  # reset since, or the pool could evict the trunks
+                    self._establish(state)
+                state["allocated"] += need
+            part = self._run(chunk, pass_name, settings, state if exact else None)
+            n = part[0].resume["preemptions"] if part else 0
+            preempted = None if n is None or preempted is None else preempted + n
+            outputs += part
+        for out in outputs:  # the pass's count: any preemption or unknown count leaves no pivot verified
+            out.resume["preemptions"] = preempted
+            if exact:
+                out.resume["state_ok"] = bool(out.resume["state_ok"] and preempted == 0)
+        return outputs
+
+    def _run(self, jobs: list[PivotJob], pass_name: str, settings: PassSettings, state: dict | None,
+             alone: bool = False):
+        """All requests of these jobs in one generate call, mapped back to pivot and arm.
+
+        alone (the serial pass): every request in its own generate call on a freshly reset
+        prefix cache, so its whole prefix is prefilled in a batch of one; a request that still
+        finds cached tokens stops the run (the reset did not happen).
+        """
+        layout, prompts, params = [], [], []
+        for j, job in enumerate(jobs):
+            for arm, kind in job.requests(settings.k):
+                layout.append((j, arm, kind))
+                prompts.append(job.prefix_ids(arm))
+                params.append(self._request_params(settings, job, arm, kind))
+        if alone:
+            outs, preempted = [], 0
+            for i, (prompt, sp) in enumerate(zip(prompts, params)):
+                self._reset(f"{pass_name} request {i}")
+                out, n = self._generate([prompt], [sp], f"{pass_name} pass")
+                if out[0].num_cached_tokens:
+                    raise RuntimeError(f"config '{self.config}': a {pass_name} request found {out[0].num_cached_tokens} "
+                                       f"cached tokens right after a prefix-cache reset; the serial control "
+                                       f"would not be a fresh prefill, so the run stops")
+                outs.append(out[0])
+                preempted = None if n is None or preempted is None else preempted + n
+        else:
+            outs, preempted = self._generate(prompts, params, f"{pass_name} pass",
+                                             synchronized=settings.submission == "synchronized")
+        per_job = [{"conts": {a: [] for a in ARMS}, "probe": {}, "lp": {}, "cached": []} for _ in jobs]
+        for (j, arm, kind), out in zip(layout, outs):
+            comp, rec = out.outputs[0], per_job[j]
+            rec["cached"].append(int(out.num_cached_tokens or 0))
+            if kind == "probe":
+                ids = _ints(comp.token_ids)
+                rec["probe"][arm] = ids
+                rec["lp"][arm] = float(comp.logprobs[0][ids[0]].logprob)
+            else:
+                rec["conts"][arm].append(_ints(comp.token_ids))
+        results = []
+        for job, rec in zip(jobs, per_job):
+            resume = {"min_cached_tokens": min(rec["cached"]), "first_step_exact": None, "preemptions": preempted}
+            if state is not None:
+                hit = all(c >= cache_floor(job.abs_pos, self.block_size) for c in rec["cached"])
+                resident = self._resident(job, state)
+                resume.update({"cache_hit": hit, "state": resident, "establishment": state["established"],
+                               "state_ok": bool(hit and preempted == 0 and resident != "not established")})
+            results.append(PivotOutput(job.pivot_id, rec["conts"], rec["probe"], rec["lp"], resume))
+        return results

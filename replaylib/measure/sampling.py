@@ -1,0 +1,74 @@
+"""Sampling trunks."""
+from __future__ import annotations
+
+from .grading import grade
+from .seeds import trunk_seed
+
+
+def trunk_row(t, kept=None, text=None, correct=None) -> dict:
+    """One trunk as a row of the trunk table (the sampling stage's trunks.parquet, the invariant stage's
+    and the benchmark's tables): its ids, tokens and raw top-k, with whichever of kept, text and
+    correct the caller has, in the table's column order."""
+    row = {"problem_id": t.problem_id, "rollout": t.rollout, "seed": t.seed}
+    if kept is not None:
+        row["kept"] = kept
+    row.update({"prompt_ids": t.prompt_ids, "gen_ids": t.gen_ids, "topk_ids": t.topk_ids,
+                "topk_logprobs": t.topk_logprobs})
+    if text is not None:
+        row["text"] = text
+    if correct is not None:
+        row["correct"] = correct
+    row.update({"finish_reason": t.finish_reason, "n_tokens": len(t.gen_ids)})
+    return row
+
+
+def screen_batches(params, n_total: int):
+    """Problem indices to scan, in batches: twice as many as still needed, within the scan limit."""
+    scanned, next_index = 0, params.problem_start
+    limit = params.scan_limit if params.screen_mixed else params.n_problems
+    per_batch = max(1, params.max_batch_rows // params.n_rollouts)
+
+    def take(still_needed: int) -> list[int]:
+        nonlocal scanned, next_index
+        # screening keeps about half of the problems: scan twice what is still needed in one batch (a
+        # decode step costs nearly the same for a few more rows); kept problems are still the first ones
+        want = 2 * still_needed if params.screen_mixed else still_needed
+        n = max(0, min(want, per_batch, limit - scanned, n_total - next_index))
+        batch = list(range(next_index, next_index + n))
+        scanned, next_index = scanned + n, next_index + n
+        return batch
+    return take
+
+
+def batch_wave(params, take, still_needed: int) -> list[list[int]]:
+    """The next batches to sample, as they would be taken one by one: with the screen, one batch
+    (how many the next one scans depends on how many this one keeps); without it every batch at
+    once (all are kept), so an executor with several engines samples them side by side."""
+    if params.screen_mixed:
+        return [b for b in [take(still_needed)] if b]
+    wave = []
+    while still_needed > 0 and (batch := take(still_needed)):
+        wave.append(batch)
+        still_needed -= len(batch)
+    return wave
+
+
+def engine_info(engine) -> dict:
+    """What engine.json records about the engine (run on the engine, wherever it lives)."""
+    return {"engine": engine.describe(), "stop_ids": sorted(engine.stop_ids),
+            "special_ids": sorted(engine.special_ids), "block_size": getattr(engine, "block_size", None)}
+
+
+def sample_batch(engine, params, batch: list[tuple]) -> tuple[dict, dict | None]:
+    """One unit of stage 01: the trunks of one batch of problems (pid, question, gold), graded.
+    Returns ({pid: prompt, trunks, correct, texts}, decode-time state by problem or None)."""
+    prompts = {pid: engine.prompt_ids(question, params.instruction) for pid, question, _ in batch}
+    seeds = {(pid, r): trunk_seed(pid, r) for pid in prompts for r in range(params.n_rollouts)}
+    trunks, state = engine.sample_trunks(prompts, params.n_rollouts, seeds, params.temperature, params.top_p,
+                                         params.max_trunk_tokens, params.top_logprobs)
+    out = {}
+    for pid, _, gold in batch:
+        texts = [engine.decode(t.gen_ids) for t in trunks[pid]]
+        out[pid] = {"prompt": prompts[pid], "trunks": trunks[pid], "texts": texts,
+                    "correct": [grade(text, gold, params.task) for text in texts]}
+    return out, state

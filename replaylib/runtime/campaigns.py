@@ -1,0 +1,152 @@
+"""Campaign files."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..analysis import records as rec
+from ..core.paths import REPO
+from . import params as params_mod
+from .params import EXECUTOR_KEYS, read_mapping
+from .registry import RUN_ORDER
+
+TOP_KEYS = {"name", "note", "rows", "invariant", "figure1", "figure3", "bootstrap_draws", "concurrent_configs",
+            *EXECUTOR_KEYS}
+
+
+ROW_KEYS = {"label", "params", "published"}
+
+
+@dataclass
+class Row:
+    label: str
+    configs: list[str]  # config names, pooled in this order
+    published: str
+
+
+@dataclass
+class Campaign:
+    name: str
+    path: Path
+    note: str
+    rows: list[Row]
+    invariant: Row  # one configuration's stage 5
+    figure1: str
+    figure3: list[str]
+    configs: dict  # config name -> Params (executor overrides applied)
+    sources: dict  # config name -> params file it was read from
+    bootstrap_draws: int
+    concurrent_configs: int
+
+    @property
+    def label(self) -> str:
+        return f"campaign-{self.name}"
+
+    @property
+    def executor(self) -> str:
+        return next(iter(self.configs.values())).executor
+
+    def stages_needed(self, name: str) -> list[str]:
+        """The stages the campaign reads from a configuration: the replay records (stage 3) of the
+        rows' and Figure 3's configurations, stage 5 of the batch-invariant one; a configuration's
+        own statistics (stage 4, which needs its stage 5) are left to `python -m replaylib.run`."""
+        stages = []
+        if any(name in r.configs for r in self.rows) or name in self.figure3:
+            stages.append("03_three_pass_replay")
+        if name in self.invariant.configs:
+            stages.append("05_batch_invariant")
+        return stages
+
+    def stages_read(self, name: str) -> list[str]:
+        """stages_needed and every stage they read, in run order."""
+        closure = self.configs[name].reading(self.stages_needed(name))
+        return [s for s in RUN_ORDER if s in closure]
+
+    def shared_stages(self) -> dict:
+        """{(config, stage): source config}: a stage whose key (its parameters and its upstream
+        stages' keys) equals an earlier configuration's is copied from it, not computed again (e.g. a
+        K=8 row on the screened cohort: its sampling and pivot stages are the screened row's)."""
+        first, shared = {}, {}
+        for name, p in self.configs.items():
+            for stage in self.stages_read(name):
+                source = first.setdefault((stage, p.stage_key(stage)), name)
+                if source != name:
+                    shared[(name, stage)] = source
+        return shared
+
+
+def _resolve(path, where: str, key: str) -> Path:
+    p = Path(path)
+    p = p if p.is_absolute() else REPO / p
+    if not p.is_file():
+        raise ValueError(f"{where}: '{key}' names {path}, which does not exist (paths resolve from the repository "
+                         f"root {REPO}); fix the path")
+    return p
+
+
+def load(path, overrides: dict | None = None) -> Campaign:
+    """Read and check a campaign file; ``overrides``: executor values from the command line."""
+    path = Path(path)
+    where = str(path)
+    data = read_mapping(path, "campaign file not found; pick one of params/campaign-*.yaml",
+                        "(name, rows, invariant, figure1, figure3, ...)")
+    unknown = sorted(set(data) - TOP_KEYS)
+    if unknown:
+        raise ValueError(f"{where}: unknown key '{unknown[0]}'; campaign keys are {', '.join(sorted(TOP_KEYS))}")
+    for key in ("rows", "invariant", "figure1", "figure3"):
+        if key not in data:
+            raise ValueError(f"{where}: key '{key}' is missing; add it (see params/campaign-paper.yaml)")
+    executor = {k: data[k] for k in EXECUTOR_KEYS if k in data}
+    executor.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    configs, sources = {}, {}
+
+    def config_of(file, key) -> str:
+        p = _resolve(file, where, key)
+        loaded = params_mod.load(p)
+        try:
+            merged = params_mod.make({**loaded.to_dict(), **executor}, where=f"{where} (executor values)")
+        except ValueError as e:
+            raise ValueError(str(e)) from None
+        name = merged.config
+        if name in sources and sources[name] != p:
+            raise ValueError(f"{where}: '{key}': {p} and {sources[name]} both have config '{name}'; give each "
+                             f"configuration its own config name")
+        configs[name], sources[name] = merged, p
+        return name
+
+    def row_of(entry, key) -> Row:
+        if not isinstance(entry, dict) or set(entry) - ROW_KEYS or "label" not in entry or "params" not in entry:
+            raise ValueError(f"{where}: '{key}' must be a mapping with label, params (a file or a list) and published")
+        files = entry["params"] if isinstance(entry["params"], list) else [entry["params"]]
+        published = entry.get("published")
+        if published not in rec.PAPER_ROWS:
+            raise ValueError(f"{where}: '{key}' row {entry['label']!r} has published {published!r}; choose one of "
+                             f"{', '.join(rec.PAPER_ROWS)}")
+        return Row(str(entry["label"]), [config_of(f, key) for f in files], published)
+
+    if not isinstance(data["rows"], list) or not data["rows"]:
+        raise ValueError(f"{where}: 'rows' must be a non-empty list of rows (label, params, published)")
+    rows = [row_of(r, f"rows[{i}]") for i, r in enumerate(data["rows"])]
+    invariant = row_of(data["invariant"], "invariant")
+    if len(invariant.configs) != 1:
+        raise ValueError(f"{where}: 'invariant' must name one params file (its stage 5 is the batch-invariant row)")
+    labels = [r.label for r in rows] + [invariant.label]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"{where}: row labels repeat ({labels}); give each row its own label")
+    if data["figure1"] not in labels[:-1]:
+        raise ValueError(f"{where}: 'figure1' is {data['figure1']!r}; name one of the rows: {labels[:-1]}")
+    fig3 = data["figure3"] if isinstance(data["figure3"], list) else [data["figure3"]]
+    figure3 = [config_of(f, "figure3") for f in fig3]
+    name = params_mod.check_name(str(data.get("name") or path.stem.removeprefix("campaign-")), where, "name")
+
+    def count(key, default, lo):
+        v = data.get(key, default)
+        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+            raise ValueError(f"{where}: '{key}' is {params_mod.short(v)}; it must be an integer of at least {lo}")
+        if key == "bootstrap_draws":  # the bound of the parameter of the same name
+            params_mod.make({key: v}, where=where)
+        return v
+    return Campaign(name=name, path=path.resolve(), note=str(data.get("note", "")).strip(), rows=rows,
+                    invariant=invariant, figure1=data["figure1"], figure3=figure3, configs=configs, sources=sources,
+                    bootstrap_draws=count("bootstrap_draws", 1000, 1),
+                    concurrent_configs=count("concurrent_configs", 0, 0))

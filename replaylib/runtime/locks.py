@@ -1,0 +1,92 @@
+"""One runner at a time per configuration and stage."""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import hmac
+import json
+import os
+import time
+from pathlib import Path
+
+from ..core.files import FILE_MODE
+
+
+class StageBusy(RuntimeError):
+    pass
+
+
+LOCK_TOKEN_ENV = "REPLAYLIB_STAGE_LOCK"  # set by the runner: it holds the stage's lock for its kernel
+
+
+def _token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class StageLock:
+    """One runner at a time per configuration and stage: an exclusive flock on
+    runs/<config>/.locks/<stage>.lock, held from the stage's start to its end (released with the
+    process, whatever kills it). The runner takes it before it clears or starts a stage and hands it
+    to the stage's kernel by a token in the environment; the lock file records only the token's
+    sha256, so reading the file gives no one the token."""
+
+    def __init__(self, root: Path, config: str, stage: str):
+        self.path = root / "runs" / config / ".locks" / f"{stage}.lock"
+        self.config, self.stage, self.fd = config, stage, None
+        self.handed = False  # held for us by the runner that started this process
+
+    def holder(self) -> dict:
+        try:
+            holder = json.loads(self.path.read_text() or "{}")
+        except (OSError, ValueError):
+            return {}
+        return holder if isinstance(holder, dict) else {}
+
+    def acquire(self, token: str | None = None, reentrant: bool = False) -> "StageLock":
+        """Take the lock, or raise StageBusy naming who holds it; a lock its holder handed to us (the
+        token the runner put in the environment) is ours already, and so, with reentrant, is one this
+        process took already (a notebook cell run again after a failure)."""
+        if str(self.path) in _HELD:
+            if not reentrant:
+                raise StageBusy(f"this process (pid {os.getpid()}) is running {self.stage} of {self.config} already "
+                                f"({self.path})")
+            self.fd = _HELD[str(self.path)]
+            return self
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OSError(f"{self.path.parent}: cannot create the run directory ({e.strerror or e}); fix the path "
+                          f"or set REPLAYLIB_OUT") from None
+        try:
+            if self.path.is_symlink():  # a lock is a plain file: a link planted here is replaced, not written through
+                self.path.unlink()
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
+        except OSError as e:
+            raise OSError(f"{self.path}: cannot open the stage's lock ({e.strerror or e}); remove what is there "
+                          f"(a lock is a plain file)") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = self.holder()
+            if token and hmac.compare_digest(str(holder.get("token_sha256", "")), _token_digest(token)):
+                self.handed = True  # the runner that started this kernel holds it for us
+                return self
+            raise StageBusy(f"another runner (pid {holder.get('pid', '?')}) is running {self.stage} of "
+                            f"{self.config} ({self.path}); wait for it to finish, or stop it (a notebook kernel "
+                            f"that ran the stage holds it until the kernel ends)") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "token_sha256": _token_digest(token) if token else "",
+                                 "started": time.time()}).encode())
+        self.fd = _HELD[str(self.path)] = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            _HELD.pop(str(self.path), None)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
+_HELD: dict[str, int] = {}  # lock file -> descriptor, for the stage locks this process holds
