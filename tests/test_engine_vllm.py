@@ -25,7 +25,6 @@ from replaylib.measure.engine import (
     EngineUnavailable,
     PassSettings,
     PivotJob,
-    make_engine,
 )
 from replaylib.measure.engine_vllm import (
     VLLMEngine,
@@ -33,6 +32,7 @@ from replaylib.measure.engine_vllm import (
     prepare_environment,
     topk_of,
 )
+from replaylib.measure.engines import make_engine
 from replaylib.measure.seeds import continuation_seed, trunk_seed
 from replaylib.runtime import params
 
