@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from replaylib.analysis import records, stats, tables
+from replaylib.analysis import records, stats, stats_extras, tables
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "data" / "paper-records"
@@ -192,7 +192,7 @@ def test_all_tables_written(rows, tmp_path):
 
 
 def test_extras_main(rows):
-    e = stats.extras(rows["main pooled"], seed=1, n_boot=300)
+    e = stats_extras.extras(rows["main pooled"], seed=1, n_boot=300)
     b = e["bootstrap"]
     assert b["n_boot"] == 300 and b["n_problems"] == 40
     for key in ("excess_pp", "jaccard_refeed_0.5", "jaccard_replica_0.5"):
@@ -201,7 +201,7 @@ def test_extras_main(rows):
     assert e["lpm"]["coef_pp"] == pytest.approx(100 * 119 / 636)
     assert e["lpm"]["n_obs"] == 2 * 636 and e["lpm"]["z"] > 0
     assert e["paper_t"] == pytest.approx(5.5134, abs=1e-3)
-    again = stats.extras(rows["main pooled"], seed=1, n_boot=300)
+    again = stats_extras.extras(rows["main pooled"], seed=1, n_boot=300)
     assert again["bootstrap"] == b
 
 
@@ -281,7 +281,7 @@ def test_all_zero_estimates():
     assert s["jaccard"]["0.5"] == {"n_exact1": 0, "refeed": None, "replica": None}
     assert s["margin"]["lt"] == {"n": 0, "refeed_rate": None, "floor_rate": None}
     json.dumps(s, allow_nan=False)
-    assert stats.extras(frame([(1, 0.0, 0.0, 0.0, 0.5)]), n_boot=10)["lpm"] is None
+    assert stats_extras.extras(frame([(1, 0.0, 0.0, 0.0, 0.5)]), n_boot=10)["lpm"] is None
 
 
 def test_one_problem_and_no_disagreement():
@@ -291,7 +291,7 @@ def test_one_problem_and_no_disagreement():
     assert s["clustered"]["n_problems"] == 1 and s["clustered"]["t"] is None  # one problem: no sd
     assert s["clustered"]["equal"] == 1
     assert s["bias"]["t"] == 0.0 and s["bias"]["ci95"] == [0.0, 0.0]  # zero spread -> t = 0
-    assert stats.lpm_clustered(frame([(7, 0.5, 0.5, -0.5, 0.5), (7, 0.5, 0.5, 0.5, 0.5)])) is None
+    assert stats_extras.lpm_clustered(frame([(7, 0.5, 0.5, -0.5, 0.5), (7, 0.5, 0.5, 0.5, 0.5)])) is None
 
 
 def test_zero_spread_clustered_t():
@@ -351,8 +351,8 @@ def test_exact_ok_exclusion():
 
 def test_bootstrap_small_and_seeded():
     df = frame(HAND)
-    a = stats.bootstrap(df, n_boot=50, rng=3)
-    assert a == stats.bootstrap(df, n_boot=50, rng=3)
+    a = stats_extras.bootstrap(df, n_boot=50, rng=3)
+    assert a == stats_extras.bootstrap(df, n_boot=50, rng=3)
     assert a["n_problems"] == 2 and a["excess_pp"]["estimate"] == pytest.approx(20.0)
     lo, hi = a["excess_pp"]["ci95"]
     assert lo <= 20.0 <= hi
@@ -366,15 +366,15 @@ def test_pass_comparisons_order_and_exactness_on_synthetic_records():
         "A_refeed2": [0.5, 0.0, 0.5, 0.0], "A_serial": [0.0, 0.25, -0.5, 0.0],
         "pass_order": ["a", "a", "b", "b"], "exact_ok": [True] * 4,
         "first_step_exact": [True, False, None, True], "regenerates_trunk": [True, True, True, None]})
-    t = stats.pass_comparisons(df).set_index("comparison")
+    t = stats_extras.pass_comparisons(df).set_index("comparison")
     assert t.loc["refeed vs exact1", "n"] == 3  # any pass non-zero: rows 0, 1, 2
     assert t.loc["refeed vs exact1", "flips"] == 2 and t.loc["refeed vs exact1", "polarity"] == 1
     assert t.loc["exact2 vs exact1", "flips"] == 0
     assert t.loc["refeed2 vs refeed", "flips"] == 1
     assert t.loc["serial vs exact1", "flips"] == 2
-    order = stats.by_pass_order(df).set_index("pass_order")
+    order = stats_extras.by_pass_order(df).set_index("pass_order")
     assert order.loc["a", "n"] == 1 and order.loc["b", "refeed_rate"] == 1.0
-    e = stats.resume_exactness(df)
+    e = stats_extras.resume_exactness(df)
     assert e["first_step_exact"] == {"checked": 3, "held": 2, "share": 2 / 3}
     assert e["regenerates_trunk"]["held"] == 3
 

@@ -136,8 +136,8 @@ def synthetic_records():
 
 
 def test_transplant_statistics_follow_table1():
-    from replaylib.analysis import stats
-    t = stats.transplant(synthetic_records()).set_index("pass")
+    from replaylib.analysis import stats, stats_extras
+    t = stats_extras.transplant(synthetic_records()).set_index("pass")
     assert list(t.index) == ["exact2", "refeed", "xplant_refeed_kv", "xplant_decode_kv"]
     assert (t["n"] == 4).all()  # common set: pivots 0, 1, 2, 4
     assert t.loc["exact2", "flips"] == 1 and t.loc["refeed", "flips"] == 3
@@ -152,21 +152,21 @@ def test_transplant_statistics_follow_table1():
     # the rows of Table 1's comparison are the same numbers
     r = stats.disagreement(stats.common_set(synthetic_records()), "refeed")
     assert r["flips"] == t.loc["refeed", "flips"]
-    assert stats.transplant(synthetic_records().drop(columns=["A_xplant_refeed_kv", "A_xplant_decode_kv"])).empty
+    assert stats_extras.transplant(synthetic_records().drop(columns=["A_xplant_refeed_kv", "A_xplant_decode_kv"])).empty
 
 
 def test_transplant_table_and_figures(tiny_engine, trunks_state, tmp_path):
     import pandas as pd
 
-    from replaylib.analysis import plotting, stats, tables
+    from replaylib.analysis import plotting, stats_extras, tables
     tab = tables.table_transplant(synthetic_records())
     assert list(tab["pass"]) == ["exact2", "refeed", "xplant_refeed_kv", "xplant_decode_kv"]
     assert tab.loc[1, "excess pp"] == "+50.0"
-    fig, _ = plotting.fig5_transplant(stats.transplant(synthetic_records()))
+    fig, _ = plotting.fig5_transplant(stats_extras.transplant(synthetic_records()))
     assert plotting.save_figure(fig, "fig5", tmp_path)[0].stat().st_size > 0
     _, state, jobs = trunks_state
     profile = pd.DataFrame(tiny_engine.layer_profile(jobs, state))
-    summary = stats.layer_profile_summary(profile)
+    summary = stats_extras.layer_profile_summary(profile)
     assert len(summary) == 2 * tiny_engine.model.config.num_hidden_layers
     assert summary["share_differing"].between(0, 1).all()
     fig, _ = plotting.fig6_layer_profile(profile)

@@ -13,7 +13,7 @@ import pandas as pd
 from ..core.paths import PAPER_RECORDS
 from ..runtime.params import Params
 from . import records as rec
-from . import stats
+from . import stats, stats_extras
 
 if TYPE_CHECKING:
     from ..runtime.campaigns import Campaign, Row
@@ -28,9 +28,9 @@ def quantities(df: pd.DataFrame) -> dict:
 
 
 def bootstrap_quantities(df: pd.DataFrame, n_boot: int, seed: int = 0) -> dict:
-    """95% percentile intervals of every quantity, resampling problems with replacement (``stats``'s
+    """95% percentile intervals of every quantity, resampling problems with replacement (``stats_extras``'s
     one bootstrap; a problem drawn twice counts as two clusters)."""
-    return stats.table1_intervals(df, n_boot, seed)
+    return stats_extras.table1_intervals(df, n_boot, seed)
 
 
 def compare(c: Campaign, rows: dict, n_boot: int) -> pd.DataFrame:

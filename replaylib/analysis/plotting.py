@@ -24,6 +24,7 @@ from matplotlib.patches import Rectangle
 
 from ..core.files import atomic_save
 from ..core.paths import PAPER_FIGURES
+from ..measure import passes
 from . import stats
 
 infer_k = stats.infer_k  # kept here for callers of plotting.infer_k
@@ -44,6 +45,7 @@ _RC = {
 REFEED_COLOR = "#c0392b"
 FLOOR_COLOR = "#7f8c8d"
 INVARIANT_COLOR = "#2e86c1"
+GROUP_COLOR = {"replica": FLOOR_COLOR, "re-feed": REFEED_COLOR}  # by the pass table's comparison group
 PAPER_FILES = {"fig1_quadrants": "fig_quadrants.pdf", "fig2_configs": "fig_configs.pdf",
                "fig3_logprob_ecdf": "fig_logprob_ecdf.pdf"}
 FIG3_XLIM = (1e-8, 0.3)  # the paper's x range; zeros are drawn at the left edge
@@ -344,14 +346,15 @@ def margin_histogram(margins, threshold: float):
 
 
 def fig4_passes(comparisons):
-    """[ours] Figure 4: sign disagreement of every pass with exact1 (and of refeed with its
-    replica refeed2), from ``stats.pass_comparisons``."""
+    """[ours] Figure 4: sign disagreement of every pass with exact1 (and of each replica with its
+    pass), from ``stats_extras.pass_comparisons``; replicas in the floor's colour."""
     with mpl.rc_context(_RC):
         fig = Figure(figsize=(SINGLE, 2.4), layout="constrained")
         ax = fig.add_subplot()
         data = comparisons.assign(rate_pct=[100 * (r or 0.0) for r in comparisons["rate"]],
                                   label=[textwrap.fill(c, 10) for c in comparisons["comparison"]])
-        colors = [FLOOR_COLOR if c.startswith(("exact2", "refeed2")) else REFEED_COLOR for c in data["comparison"]]
+        colors = [FLOOR_COLOR if passes.PASSES[c.split(" vs ")[0]].group == "replica" else REFEED_COLOR
+                  for c in data["comparison"]]
         sns.barplot(data, x="label", y="rate_pct", hue="label", palette=colors, legend=False, ax=ax, saturation=1)
         ax.set_xlabel("")
         ax.set_ylabel("sign disagreement (%)")
@@ -362,22 +365,17 @@ def fig4_passes(comparisons):
 
 # ------------------------------------------------------------------ [ours] transplants, layer profile
 
-TRANSPLANT_LABELS = {"exact2": "exact2\n(replica)", "refeed": "refeed", "xplant_refeed_kv": "re-fed KV,\nexact decode",
-                     "xplant_decode_kv": "decode KV,\nrefeed prefill"}
-
-
 def fig5_transplant(table: pd.DataFrame):
     """[ours] Figure 5: sign disagreement with exact1 of the replica, refeed and the two cache
-    transplants (``stats.transplant``), left; right, the share of pivots whose greedy-probe
+    transplants (``stats_extras.transplant``), left; right, the share of pivots whose greedy-probe
     first-token logprobs are bit-identical to exact1's and to refeed's. If the change follows
     the cache, the re-fed-KV transplant sits with refeed and the decode-KV one with exact1."""
     with mpl.rc_context(_RC):
         fig = Figure(figsize=(DOUBLE, 2.6), layout="constrained")
         left, right = fig.subplots(1, 2)
-        data = table.assign(label=[TRANSPLANT_LABELS.get(p, p) for p in table["pass"]],
+        data = table.assign(label=[passes.PASSES[p].label for p in table["pass"]],
                             rate_pct=[100 * (r or 0.0) for r in table["rate"]])
-        colors = [FLOOR_COLOR if p == "exact2" else REFEED_COLOR if p == "refeed" else INVARIANT_COLOR
-                  for p in data["pass"]]
+        colors = [GROUP_COLOR.get(passes.PASSES[p].group, INVARIANT_COLOR) for p in data["pass"]]
         sns.barplot(data, x="label", y="rate_pct", hue="label", palette=colors, legend=False, ax=left, saturation=1)
         left.set_xlabel("")
         left.set_ylabel("sign disagreement with exact1 (%)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..core.paths import PAPER_RECORDS
-from . import claims, plotting, stats, tables
+from . import claims, plotting, stats, stats_extras, tables
 from . import records as rec
 
 # the paper's Figure 3 pools these four runs, without deduplication (3,047 pivots)
@@ -51,10 +51,10 @@ def figures(inputs: dict) -> dict:
         "fig3_logprob_ecdf": (plotting.fig3_logprob_ecdf(inputs["fig3"], inputs["invariant"]),
                               plotting.fig3_data(inputs["fig3"], inputs["invariant"])),
     }
-    comparisons = stats.pass_comparisons(main)
+    comparisons = stats_extras.pass_comparisons(main)
     if len(comparisons) > 2:  # beyond exact2 and refeed: the extra passes of [ours]
         out["fig4_passes"] = (plotting.fig4_passes(comparisons), comparisons)
-    transplant = stats.transplant(main)
+    transplant = stats_extras.transplant(main)
     if len(transplant):  # [ours] the cache transplants
         out["fig5_transplant"] = (plotting.fig5_transplant(transplant), transplant)
     profile = inputs.get("layer_profile")
@@ -72,7 +72,7 @@ def transplant_tables(inputs: dict) -> dict:
         out["tab19_transplant"] = t
     profile = inputs.get("layer_profile")
     if profile is not None and len(profile):
-        out["tab20_layer_profile"] = stats.layer_profile_summary(profile)
+        out["tab20_layer_profile"] = stats_extras.layer_profile_summary(profile)
     return out
 
 
@@ -113,14 +113,14 @@ def summary(inputs: dict, n_boot: int) -> dict:
     return {
         "main": main_summary(main),
         "claims": inputs["claims"],
-        "extras": stats.extras(main, seed=0, n_boot=n_boot),
-        "resume_exactness": stats.resume_exactness(main),
-        "passes": stats.pass_comparisons(main).to_dict("records"),
+        "extras": stats_extras.extras(main, seed=0, n_boot=n_boot),
+        "resume_exactness": stats_extras.resume_exactness(main),
+        "passes": stats_extras.pass_comparisons(main).to_dict("records"),
         "rows": {label: {**stats.summarize(df), **stats.text_numbers(df)} for label, df in rows.items()},
         "cohorts": {label: stats.summarize(df) for label, df in (inputs["cohorts"] or {}).items()},
         "runs": runs,
         "figure3": plotting.fig3_data(inputs["fig3"], inputs["invariant"]).to_dict("records"),
-        "transplant": _records(stats.transplant(main)),
-        "layer_profile": (_records(stats.layer_profile_summary(inputs["layer_profile"]))
+        "transplant": _records(stats_extras.transplant(main)),
+        "layer_profile": (_records(stats_extras.layer_profile_summary(inputs["layer_profile"]))
                           if inputs.get("layer_profile") is not None else []),
     }

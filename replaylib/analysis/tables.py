@@ -1,5 +1,6 @@
 """Tables of the statistics stage (docs/protocol.md section 5): pure statistics from
-``replaylib.analysis.stats`` laid out as the paper prints them, written as CSV, Markdown and LaTeX.
+``replaylib.analysis.stats`` and ``stats_extras`` laid out as the paper prints them, written as CSV,
+Markdown and LaTeX.
 
 Two kinds of input: ``rows`` {label: record frame} (one Table 1 row each, pooled where a
 row pools files) and ``runs`` {name: run dict} for the tables of one records file each
@@ -17,26 +18,29 @@ from ..core.files import atomic_save, atomic_write_bytes
 from .stats import (
     JACCARD_THRESHOLDS,
     bias,
-    by_pass_order,
     cache,
     clustered,
     common_set,
     eligibility,
     excess_pp,
     exclude_not_exact,
-    extras,
     infer_k,
     jaccard,
     margin_buckets,
-    pass_comparisons,
     preregistered,
     probes,
     rates,
-    resume_exactness,
     row_meta,
     selection_gap,
     selection_near_threshold,
     table1_numbers,
+)
+from .stats_extras import (
+    by_pass_order,
+    extras,
+    pass_comparisons,
+    resume_exactness,
+    transplant,
 )
 
 
@@ -362,7 +366,8 @@ def _labelled(rows: dict, fn) -> pd.DataFrame:
 
 
 def table_passes(rows: dict) -> pd.DataFrame:
-    """[ours] Extra passes (refeed2, serial, block16) against exact1, and refeed vs refeed2."""
+    """[ours] The passes of the pass table against exact1, and replicas against their pass
+    (``stats_extras.pass_comparisons``)."""
     return _labelled(rows, pass_comparisons)
 
 
@@ -389,8 +394,7 @@ def table_exactness(rows: dict) -> pd.DataFrame:
 
 def table_transplant(main) -> pd.DataFrame:
     """[ours] tab19_transplant: the replica, refeed and the two cache transplants against exact1
-    (``stats.transplant``), formatted; empty where the records have no transplant pass."""
-    from .stats import transplant
+    (``stats_extras.transplant``), formatted; empty where the records have no transplant pass."""
     t = transplant(main)
     if not len(t):
         return t

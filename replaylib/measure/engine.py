@@ -122,7 +122,9 @@ class Engine(Protocol):
         ``sample_trunks`` returned (``produced``)."""
 
     def run_pass(self, jobs: list, pass_name: str, settings: "PassSettings", state) -> list:
-        """One pass over pivot jobs (``PivotOutput`` each, with its exactness report in ``resume``)."""
+        """One pass over pivot jobs (``PivotOutput`` each, with its exactness report in ``resume``), computed
+        by the pass's kind (``replaylib.measure.passes``); a pass the table does not give this engine, or
+        of a kind it has no kernel for, is refused in one line."""
 
     def check_regeneration(self, jobs: list, settings: "PassSettings", state) -> dict:
         """pivot_id -> whether the trunk regenerates from the pivot ({} where the engine has no check)."""

@@ -20,8 +20,10 @@ import torch
 import torch.nn.functional as F
 
 from ..core import progress
+from . import passes
 from .engine import ARMS, PassSettings, PivotJob, PivotOutput, Trunk, chat_prompt_ids
 from .grading import answer_complete
+from .hf_prefix_states import PrefixStates, row_state, stacked_cache
 from .state import ResidentState, load_state
 
 NUCLEUS_CANDIDATES = 128  # the nucleus is searched among the top tokens first (full sort as fallback)
@@ -109,7 +111,7 @@ class _Rows:
     prefix_text: list[str] | None = None  # for the answer check
 
 
-class HFEngine:
+class HFEngine(PrefixStates):
     name = "hf"
 
     def __init__(self, model_path: str, device: str = "cpu", dtype: str = "bfloat16",
@@ -205,87 +207,6 @@ class HFEngine:
         logits, cache = self._forward(ids, positions, self._new_cache(), mask if any(pads) else None, model)
         return logits, cache, (mask if any(pads) else None), pads
 
-    # ---------------------------------------------------------------- [ours] prefix precision, transplants
-    def _float32_model(self):
-        """A float32 copy of the model (loaded once, on first use): the prefix-precision control."""
-        if self._model32 is None:
-            from transformers import AutoModelForCausalLM
-            self._model32 = AutoModelForCausalLM.from_pretrained(
-                self.model_path, dtype=torch.float32, attn_implementation="sdpa").to(self.device).eval()
-        return self._model32
-
-    def _refed_prefill(self, seqs: list[list[int]]):
-        """The re-fed prefill of a pass (refeed, refeed2, serial, xplant_refeed_kv's prefix).
-
-        prefix_precision native: exactly `_prefill`. float32: the same call on a float32 copy
-        of the model, its KV and last logits rounded to the run's dtype; everything after it
-        (the decode) runs on the run's model unchanged."""
-        if self.prefix_precision == "native" or self.model.dtype == torch.float32:
-            return self._prefill(seqs)
-        logits, cache32, mask, pads = self._prefill(seqs, model=self._float32_model())
-        dtype = self.model.dtype
-        cache = self._new_cache([layer.keys.to(dtype) for layer in cache32.layers],
-                                [layer.values.to(dtype) for layer in cache32.layers])
-        return logits.to(dtype).float(), cache, mask, pads
-
-    def fresh_prefix_state(self, job: PivotJob):
-        """The KV a fresh prefill of prompt + generated[:i] (without the forced token) produces:
-        (keys, values), each [layers, kv_heads, abs_pos, head_dim], in the prefix precision."""
-        _, cache, _, _ = self._refed_prefill([job.prompt_ids + job.gen_prefix])
-        return _row_state(cache, 0)
-
-    def _spliced_prefill(self, seqs: list[list[int]], keys: torch.Tensor, values: torch.Tensor):
-        """xplant_decode_kv: refeed's prefill call of seqs (one length, no padding) in which every
-        layer's K and V of the first n positions are replaced, before attention, by the given
-        state ([layers, kv_heads, n, head_dim]). The forced token's logits thus come out of
-        refeed's own prefill computation, attending to the transplanted prefix; the prefix
-        positions' own outputs are computed and discarded. Given the very K and V this prefill
-        computes, it is refeed bit for bit (tested)."""
-        n = keys.shape[2]
-        if self.invariant:  # one token of one sequence per forward pass: prefill only the forced token
-            assert len(seqs) == 1, "invariant mode runs one sequence at a time"
-            cache = self._new_cache([keys[layer][None] for layer in range(keys.shape[0])],
-                                    [values[layer][None] for layer in range(values.shape[0])])
-            ids, pos = torch.tensor([s[n:] for s in seqs]), torch.arange(n, len(seqs[0]))[None]
-            logits = None
-            for t in range(ids.shape[1]):
-                logits, cache = self._forward(ids[:, t:t + 1], pos[:, t:t + 1], cache, None)
-            return logits, cache
-        assert len({len(s) for s in seqs}) == 1, "the arms share a length"
-        cache = _splice_cache_class()(config=self.model.config)
-        cache.splice = (keys.to(self.device), values.to(self.device), n)
-        ids = torch.tensor(seqs)
-        positions = torch.arange(ids.shape[1]).expand(len(seqs), -1)
-        return self._forward(ids, positions, cache, None)
-
-    def layer_profile(self, jobs: list[PivotJob], state) -> list[dict]:
-        """[ours] Per pivot and layer: max |decode-time - re-fed| of K and of V over the prefix
-        [0, abs_pos), split into prompt positions, generated positions before the last one,
-        and the last prefix position (abs_pos - 1); the first position that differs; the share
-        of positions that differ; the largest |decode-time value| (for scale)."""
-        rows = []
-        for job in jobs:
-            dk, dv = state[job.rollout]
-            rk, rv = self.fresh_prefix_state(job)
-            n, p = job.abs_pos, len(job.prompt_ids)
-            for which, dec, ref in (("k", dk[:, :, :n], rk), ("v", dv[:, :, :n], rv)):
-                diff = (dec.float() - ref.float().to(dec.device)).abs().amax(dim=(1, 3)).cpu()  # [layers, n]
-                scale = dec.float().abs().amax(dim=(1, 2, 3)).cpu()
-                for layer in range(diff.shape[0]):
-                    d = diff[layer]
-                    nz = torch.nonzero(d).flatten()
-                    rows.append({
-                        "problem_id": job.problem_id, "rollout": job.rollout, "pivot_id": job.pivot_id,
-                        "abs_pos": n, "prompt_len": p, "layer": layer, "tensor": which,
-                        "max_abs_diff": float(d.max()) if n else 0.0,
-                        "max_abs_diff_prompt": float(d[:p].max()) if p else 0.0,
-                        "max_abs_diff_generated": float(d[p:n - 1].max()) if n - 1 > p else 0.0,
-                        "max_abs_diff_last": float(d[n - 1]) if n else 0.0,
-                        "first_diff_pos": int(nz[0]) if len(nz) else -1,
-                        "share_positions_differing": float(len(nz) / n) if n else 0.0,
-                        "max_abs_value": float(scale[layer])})
-        return rows
-
     # ---------------------------------------------------------------- the decode loop
     def _decode(self, logits, cache, mask, next_pos: list[int], rows: _Rows, keep_state: bool = False):
         """Sample or greedily decode every row until EOS, a complete answer, or its limit.
@@ -330,7 +251,7 @@ class HFEngine:
                 if done:
                     finish[b] = done
                     if keep_state:
-                        states[b] = _row_state(cache, j)
+                        states[b] = row_state(cache, j)
                 else:
                     keep.append(j)
             progress.tokens(len(active), len(active) - len(keep))
@@ -352,7 +273,7 @@ class HFEngine:
 
     # ---------------------------------------------------------------- trunks
     def sample_trunks(self, prompts: dict[int, list[int]], n_rollouts: int, seeds: dict, temperature: float,
-                      top_p: float, max_new_tokens: int, top_logprobs: int, stop_at_answer: bool = False):
+                      top_p: float, max_new_tokens: int, top_logprobs: int):
         """Trunks for several problems; returns (trunks by problem, decode-time KV state by problem).
 
         seeds[(problem_id, rollout)] is each trunk's sampling seed. The state maps
@@ -367,8 +288,7 @@ class HFEngine:
             seqs = [prompts[pid] for pid, _ in chunk]
             logits, cache, mask, pads = self._prefill(seqs)
             rows = _Rows(seeds=[seeds[j] for j in chunk], temperature=[temperature] * len(chunk),
-                         top_p=[top_p] * len(chunk), max_new=[max_new_tokens] * len(chunk), topk=top_logprobs,
-                         stop_at_answer=stop_at_answer, prefix_text=[""] * len(chunk) if stop_at_answer else None)
+                         top_p=[top_p] * len(chunk), max_new=[max_new_tokens] * len(chunk), topk=top_logprobs)
             tokens, top_ids, top_lps, finish, states = self._decode(logits, cache, mask, [len(s) for s in seqs],
                                                                     rows, keep_state=True)
             for b, (pid, r) in enumerate(chunk):
@@ -406,20 +326,20 @@ class HFEngine:
 
     def run_pass(self, jobs: list[PivotJob], pass_name: str, settings: PassSettings, state: dict | None,
                  prefix_state: dict | None = None) -> list[PivotOutput]:
-        """One pass over pivot jobs.
+        """One pass over pivot jobs, computed by its kind (replaylib.measure.passes):
 
-        exact*   resume the decode-time state (rollout -> (keys, values)) at the pivot token
-        refeed*  prefill prompt + prefix + forced token afresh (refeed2: a replica of refeed)
+        exact    resume the decode-time state (rollout -> (keys, values)) at the pivot token
+        refeed   prefill prompt + prefix + forced token afresh
         serial   refeed with every request alone (a batch of one), which separates "the prefix
                  state was recomputed" from "the batch was composed differently"
-        block16  the paper's paged-cache resume: the saved state up to the last 16-token
+        block    the paper's paged-cache resume: the saved state up to the last 16-token
                  boundary, the rest of the prefix prefilled on top of it
-        xplant_refeed_kv  [ours] exact's procedure (the forced token fed as a decode step on the
-                 cache, same batches) resuming the KV a fresh prefill of prompt + generated[:i]
+        xrefeed  [ours] exact's procedure (the forced token fed as a decode step on the cache,
+                 same batches) resuming the KV a fresh prefill of prompt + generated[:i]
                  (without the forced token) produces
-        xplant_decode_kv  [ours] refeed's procedure (the forced token's logits out of refeed's
-                 prefill call, same batches) with the decode-time KV of [0, abs_pos) placed in
-                 place of the prefix's own K and V
+        xdecode  [ours] refeed's procedure (the forced token's logits out of refeed's prefill
+                 call, same batches) with the decode-time KV of [0, abs_pos) placed in place of
+                 the prefix's own K and V
 
         prefix_state (transplant passes only): pivot_id -> (keys, values) [layers, kv_heads,
         abs_pos, head_dim], the state to transplant instead of the default one (tests inject the
@@ -523,21 +443,6 @@ class HFEngine:
             out[arm] = memo[(job.pivot_id, arm)]
         return out
 
-    def _transplant(self, job: PivotJob, kind: str, state, prefix_state, memo):
-        """The prefix state a transplant pass resumes: injected, else re-fed (xrefeed) or decode-time (xdecode)."""
-        if prefix_state is not None:
-            return prefix_state[job.pivot_id]
-        if kind == "xdecode":
-            k, v = state[job.rollout]
-            return k[:, :, :job.abs_pos], v[:, :, :job.abs_pos]
-        key = (job.pivot_id, "fresh-prefix")
-        if memo is None or key not in memo:
-            kv = self.fresh_prefix_state(job)
-            if memo is None:
-                return kv
-            memo[key] = kv
-        return memo[key]
-
     def _run_rows(self, jobs, layouts, kind, settings, state, memo=None, prefix_state=None):
         """Build the resumed or re-fed state for the rows of these jobs and decode them."""
         row_job, row_arm, row_kind = [], [], []
@@ -576,7 +481,7 @@ class HFEngine:
                         outs = [self._spliced_prefill([s_], *self._transplant(job, kind, state, prefix_state, None))
                                 for s_ in seqs]
                         logits = torch.cat([lg for lg, _ in outs])
-                        cache = _stacked_cache(self, [c for _, c in outs])
+                        cache = stacked_cache(self, [c for _, c in outs])
                     else:
                         logits, cache = self._spliced_prefill(
                             seqs, *self._transplant(job, kind, state, prefix_state, None))
@@ -652,52 +557,17 @@ class HFEngine:
         return PivotOutput(job.pivot_id, conts, probe_ids, probe_lp, resume)
 
 
+KINDS = ("exact", "refeed", "serial", "block", "xrefeed", "xdecode")  # the kernels of run_pass
+
+
 def pass_kind(name: str) -> str:
-    """What a pass computes: exact (resume), refeed (prefill afresh), serial, or block (block16)."""
-    kinds = {"exact": "exact", "refeed": "refeed", "serial": "serial", "block16": "block",
-             "xplant_refeed_kv": "xrefeed", "xplant_decode_kv": "xdecode"}
-    for prefix, kind in kinds.items():
-        if name.startswith(prefix):
-            return kind
-    raise ValueError(f"unknown pass '{name}'; passes: exact1, exact2, refeed, refeed2, serial, block16, "
-                     f"xplant_refeed_kv, xplant_decode_kv")
-
-
-def _stacked_cache(engine, caches):
-    """One cache holding the rows of several one-row caches (same length)."""
-    return engine._new_cache([torch.cat([c.layers[layer].keys for c in caches]) for layer in range(len(caches[0].layers))],
-                             [torch.cat([c.layers[layer].values for c in caches]) for layer in range(len(caches[0].layers))])
-
-
-_SPLICE_CLASS = None
-
-
-def _splice_cache_class():
-    """A DynamicCache whose first update per layer (the prefill) replaces the first n positions
-    of the new K and V with a transplanted state before attention reads them."""
-    global _SPLICE_CLASS
-    if _SPLICE_CLASS is None:
-        from transformers import DynamicCache
-
-        class SpliceCache(DynamicCache):
-            splice = None
-
-            def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-                if self.splice is not None and key_states.shape[2] > self.splice[2]:
-                    keys, values, n = self.splice
-                    key_states, value_states = key_states.clone(), value_states.clone()
-                    key_states[:, :, :n] = keys[layer_idx][None]
-                    value_states[:, :, :n] = values[layer_idx][None]
-                return super().update(key_states, value_states, layer_idx, *args, **kwargs)
-
-        _SPLICE_CLASS = SpliceCache
-    return _SPLICE_CLASS
-
-
-def _row_state(cache, slot: int):
-    """One batch row's KV as [layers, kv_heads, length, head_dim] tensors."""
-    return (torch.stack([layer.keys[slot] for layer in cache.layers]),
-            torch.stack([layer.values[slot] for layer in cache.layers]))
+    """The kernel a pass runs on this engine (its kind in replaylib.measure.passes): exact (resume),
+    refeed (prefill afresh), serial, block (block16), xrefeed or xdecode (the transplants)."""
+    kind = passes.for_engine(name, "hf").kind
+    if kind not in KINDS:
+        raise ValueError(f"pass '{name}' is of kind '{kind}', which the transformers engine has no kernel for "
+                         f"(replaylib/measure/engine_hf.py runs {', '.join(KINDS)}); leave it out of passes")
+    return kind
 
 
 ROW_FIELDS = ("tokens", "placed", "first_lp", "first_topk")

@@ -293,10 +293,6 @@ def _equiv(a: str, b: str) -> bool:
     return False
 
 
-def is_equiv_math(pred: str, gold: str) -> bool:
-    return _equiv(pred, gold)
-
-
 def grade_math(text: str, gold: str) -> int:
     pred = extract_boxed(text)
     if pred is None:

@@ -10,6 +10,7 @@ import pandas as pd
 from ..core import progress
 from .engine import ARMS, PassSettings, PivotJob
 from .grading import grade
+from .passes import is_exact
 from .seeds import continuation_seed, stable_seed
 
 
@@ -117,15 +118,15 @@ def pivot_record(job: PivotJob, pivot, outs: dict, wins: dict, estimates: dict, 
     # during the pass (transformers: digest of the tensors placed in the cache = digest taken when
     # the state was produced; vLLM: every request hit the cache, no preemption, trunks regenerated);
     # an engine that cannot say counts as not verified
-    for name in [p for p in passes if p.startswith("exact")]:
+    for name in [p for p in passes if is_exact(p)]:
         rec[f"cache_ok_{name}"] = bool(state_ok and outs[name].resume.get("state_ok", False))
     for name in passes:  # the numbers behind cache_ok, per pass (preemptions: None where unknown)
         rec[f"min_cached_tokens_{name}"] = outs[name].resume.get("min_cached_tokens")
         rec[f"preemptions_{name}"] = outs[name].resume.get("preemptions")
     rec["first_step_exact"] = outs["exact1"].resume.get("first_step_exact")
     rec["regenerates_trunk"] = regenerates
-    rec["state_established"] = state_established([outs[p].resume for p in passes if p.startswith("exact")])
-    rec["exact_ok"] = bool(all(rec[f"cache_ok_{p}"] for p in passes if p.startswith("exact"))
+    rec["state_established"] = state_established([outs[p].resume for p in passes if is_exact(p)])
+    rec["exact_ok"] = bool(all(rec[f"cache_ok_{p}"] for p in passes if is_exact(p))
                            and rec["state_established"] not in NOT_ESTABLISHED)
     rec["pass_order"] = ",".join(order)
     return rec

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from ..measure import passes as pass_table
 from .registry import DATA_UPSTREAM, EXECUTOR_STAGES, STAGES, UPSTREAM
 
 BOXED_INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -36,7 +37,6 @@ CHOICES = {
     "vllm_serving": ["multiprocess", "inprocess"],
     "pass_submission": ["stock", "synchronized"],
 }
-TRANSPLANT_PASSES = ("xplant_refeed_kv", "xplant_decode_kv")
 # where a stage's units of work run: owned by no stage, so in no stage key (results never depend on it);
 # the stages that start engines declare them in their notebooks
 EXECUTOR_KEYS = ["executor", "shared_engine", "ray_address", "ray_workers", "gpus_per_worker"]
@@ -150,9 +150,9 @@ class Params:
     max_cont_tokens: int = _p("03_three_pass_replay", 32, "continuation length limit", lo=1, hi=32768, why=TOKENS_WHY)
     probe_tokens: int = _p("03_three_pass_replay", 32, "greedy probe length", lo=1, hi=32768, why=TOKENS_WHY)
     stop_at_answer: bool = _p("03_three_pass_replay", True, "stop a continuation once its final answer is complete")
-    passes: list = _l("03_three_pass_replay", ["exact1", "exact2", "refeed"],
-                      "exact1, exact2, refeed, optionally refeed2, serial, block16, xplant_refeed_kv, "
-                      "xplant_decode_kv")
+    passes: list = _l("03_three_pass_replay", pass_table.required(),
+                      ", ".join(pass_table.required()) + ", optionally "
+                      + ", ".join(p for p in pass_table.PASSES if p not in pass_table.required()))
     pass_order: str = _p("03_three_pass_replay", "fixed", "fixed (as listed) or shuffled (seeded per problem)")
     pass_submission: str = _p("03_three_pass_replay", "stock",
                               "[ours] vLLM multiprocess only: stock (one LLM.generate per pass call, as the paper's "
@@ -299,11 +299,11 @@ def _check_type(name: str, value, where: str):
     if name == "passes" and not all(isinstance(x, str) for x in value):
         raise ValueError(f"{where}: parameter 'passes' must be a list of pass names, got {short(value)}")
     if name == "passes":
-        known = {"exact1", "exact2", "refeed", "refeed2", "serial", "block16", *TRANSPLANT_PASSES}
-        if (value[:1] != ["exact1"] or not {"exact2", "refeed"} <= set(value) <= known
-                or len(set(value)) != len(value)):
-            raise ValueError(f"{where}: parameter 'passes' must start with 'exact1', include 'exact2' and 'refeed', "
-                             f"and use only {sorted(known)}, each once")
+        known = set(pass_table.PASSES)
+        first, *others = pass_table.required()
+        if value[:1] != [first] or not set(others) <= set(value) <= known or len(set(value)) != len(value):
+            raise ValueError(f"{where}: parameter 'passes' must start with '{first}', include "
+                             f"{' and '.join(repr(p) for p in others)}, and use only {sorted(known)}, each once")
     return value
 
 
@@ -339,14 +339,17 @@ def make(overrides: dict, where: str = "parameters", scope=None) -> Params:
         raise ValueError(f"{where}: parameter 'pass_submission' is {params.pass_submission!r}, which only differs from "
                          f"'stock' on the multi-process vLLM engine (engine: vllm, vllm_serving: multiprocess: "
                          f"elsewhere every call's requests are in before its first step); set pass_submission: stock")
-    if params.engine == "vllm" and "passes" in scope and "block16" in params.passes:
-        raise ValueError(f"{where}: parameter 'passes' has block16, which the vllm engine does not run (its exact "
-                         f"passes are block-granular resumes already); remove block16 or set engine: hf")
-    if params.engine == "vllm" and ("passes" in scope and set(TRANSPLANT_PASSES) & set(params.passes)
-                                    or "layer_profile" in scope and params.layer_profile
+    refused = [pass_table.PASSES[p] for p in params.passes
+               if "passes" in scope and params.engine not in pass_table.PASSES[p].engines]
+    if refused:
+        fix = " or ".join(f"engine: {e}" for e in pass_table.ENGINES if all(e in p.engines for p in refused))
+        why = "; ".join(dict.fromkeys(p.why_not for p in refused))
+        raise ValueError(f"{where}: parameter 'passes' has {', '.join(p.name for p in refused)}, which the "
+                         f"{params.engine} engine does not run ({why}); remove them or set {fix}")
+    if params.engine == "vllm" and ("layer_profile" in scope and params.layer_profile
                                     or "prefix_precision" in scope and params.prefix_precision != "native"):
-        raise ValueError(f"{where}: transplant passes, layer_profile and prefix_precision need engine: hf (vLLM's "
-                         f"APIs cannot place a given KV state into its prefix cache nor hand it out); set engine: hf")
+        raise ValueError(f"{where}: layer_profile and prefix_precision need engine: hf (vLLM's APIs cannot place a "
+                         f"given KV state into its prefix cache nor hand it out); set engine: hf")
     return params
 
 

@@ -32,13 +32,14 @@ REGISTRY = (
     Stage("03_three_pass_replay", "replay", ("01_sampling", "02_pivot_mining"),
           ("01_sampling", "02_pivot_mining"), engine=True, aliases=("replay",)),
     Stage("04_statistics", "statistics", ("03_three_pass_replay", "05_batch_invariant"),
-          ("03_three_pass_replay", "05_batch_invariant"), aliases=("statistics", "stats"), computes=("analysis",)),
+          ("03_three_pass_replay", "05_batch_invariant"), aliases=("statistics", "stats"),
+          computes=("analysis", "measure")),  # measure: the pass table the statistics compare by
     # stage 05 reruns sampling, mining and the passes itself: it reads only stage 01's problem list
     Stage("05_batch_invariant", "invariant", ("01_sampling", "02_pivot_mining", "03_three_pass_replay"),
           ("01_sampling",), engine=True, aliases=("invariant", "batch_invariant")),
 )
 # campaigns' statistics: a notebook of its own over several configurations' records (replaylib.campaign)
-CAMPAIGN = Stage("06_campaign", "campaign_statistics", computes=("analysis",))
+CAMPAIGN = Stage("06_campaign", "campaign_statistics", computes=("analysis", "measure"))
 
 BY_NAME = {s.name: s for s in REGISTRY}
 STAGES = [s.name for s in REGISTRY]
