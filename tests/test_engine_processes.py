@@ -16,6 +16,7 @@ import pytest
 
 from replaylib.measure import engine_vllm
 from replaylib.runtime.vllm_processes import (
+    EngineProcesses,
     engine_processes,
     gpu_lifecycle_lock,
     reap_leftover_engines,
@@ -42,11 +43,11 @@ def _orphan_maker(tmp_path):
     script = tmp_path / "stage.py"
     script.write_text(
         "import subprocess, sys, time\n"
-        "from replaylib import engine_vllm\n"
+        "from replaylib.runtime import vllm_processes\n"
         f"core = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', {TITLE!r}])\n"
         "time.sleep(0.3)\n"
-        "procs = engine_vllm.engine_processes()\n"
-        "engine_vllm.register_engine_processes(procs, 'killed-config')\n"
+        "procs = vllm_processes.engine_processes()\n"
+        "vllm_processes.register_engine_processes(procs, 'killed-config')\n"
         "print(core.pid, flush=True)\n"
         "time.sleep(120)\n")
     stage = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
@@ -120,7 +121,8 @@ def _engine_with_core(stuck=False):
     time.sleep(0.3)
     fake = FakeLLM()
     fake.llm_engine.engine_core = _Core(proc, stuck)
-    engine = engine_vllm.VLLMEngine(fake, FakeSP, config="closing", serving="multiprocess")
+    engine = engine_vllm.VLLMEngine(fake, FakeSP, config="closing", serving="multiprocess",
+                                    lifecycle=EngineProcesses())
     engine.processes = engine_processes()
     engine.registered = register_engine_processes(engine.processes, "closing")
     return engine, proc

@@ -136,7 +136,7 @@ def test_an_engine_that_cannot_start_is_the_stage_s_one_line_error(standin, monk
 def _client_script(tmp_path: Path, body: str) -> Path:
     script = tmp_path / "client.py"
     script.write_text("import os, sys, time\nsys.path[:0] = [%r, %r]\n" % (str(TESTS), str(REPO)) +
-                      "from replaylib import params\nfrom replaylib.runtime.engine_service import EngineBroker, ServedExecutor\n"
+                      "from replaylib.runtime import params\nfrom replaylib.runtime.engine_service import EngineBroker, ServedExecutor\n"
                       "import vllm_standin\n"
                       f"p = params.make({{'config': 'fake', **{FAKE!r}}})\n" + body)
     return script

@@ -29,11 +29,11 @@ from replaylib.measure.engine import (
 from replaylib.measure.engine_vllm import (
     VLLMEngine,
     cache_floor,
-    prepare_environment,
     topk_of,
 )
 from replaylib.measure.engines import make_engine
 from replaylib.measure.seeds import continuation_seed, trunk_seed
+from replaylib.measure.vllm_setup import prepare_environment
 from replaylib.runtime import params
 
 TRUNK = {"temperature": 0.7, "top_p": 0.95, "max_new_tokens": 24, "top_logprobs": 3}
@@ -241,6 +241,25 @@ def test_serial_pass_sends_every_request_alone_on_a_fresh_cache(replay_setup):
         engine.run_pass(jobs, "block16", SETTINGS, state)
 
 
+def test_a_pass_outside_the_pass_table_or_of_another_engine_is_refused(replay_setup, monkeypatch):
+    """Dispatch comes from the pass table: an unknown name never runs as a re-feed, and a pass whose kind
+    has no kernel here is refused, each in one line, before any request."""
+    from replaylib.measure import passes
+    engine, fake, trunks, _, state, _ = replay_setup
+    jobs = jobs_for(trunks, 0, SETTINGS.k)
+    fake.events.clear()
+    for name, match in (("refeed3", "unknown pass 'refeed3'"), ("xplant_decode_kv", "does not run on engine vllm"),
+                        ("typo_exact", "unknown pass")):
+        with pytest.raises(ValueError, match=match) as e:
+            engine.run_pass(jobs, name, SETTINGS, state)
+        assert "\n" not in str(e.value)
+    monkeypatch.setitem(passes.PASSES, "block8", passes.Pass("block8", "a block resume", "block", ("hf", "vllm"),
+                                                             "control", "block8"))
+    with pytest.raises(ValueError, match="kind 'block'.*no kernel") as e:
+        engine.run_pass(jobs, "block8", SETTINGS, state)
+    assert fake.events == []
+
+
 def test_work_is_split_to_keep_the_trunk_blocks_from_eviction():
     engine, fake = make(FakeLLM(num_gpu_blocks=10_000))
     trunks, _, _, _ = sample(engine)
@@ -313,15 +332,15 @@ def test_batch_invariant_flag_must_precede_the_vllm_import(monkeypatch):
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace())
     with pytest.raises(RuntimeError, match="before vLLM is imported"):
-        prepare_environment(True, "c")
+        prepare_environment(True, "c", "multiprocess")
     monkeypatch.delitem(sys.modules, "vllm")
     for name in ("VLLM_USE_FLASHINFER_SAMPLER", "VLLM_WORKER_MULTIPROC_METHOD"):
         monkeypatch.delenv(name, raising=False)
-    prepare_environment(True, "c")
+    prepare_environment(True, "c", "multiprocess")
     assert os.environ["VLLM_BATCH_INVARIANT"] == "1"
     assert os.environ["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
     with pytest.raises(RuntimeError, match="stock engine"):
-        prepare_environment(False, "c")
+        prepare_environment(False, "c", "multiprocess")
 
 
 @pytest.mark.parametrize("serving, value", [("multiprocess", "1"), ("inprocess", "0")])
@@ -466,8 +485,8 @@ def test_compile_cache_kept_under_the_run_directory(monkeypatch, tmp_path):
     from replaylib.core.paths import out_root
     monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
     monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
-    prepare_environment(False, "c")
+    prepare_environment(False, "c", "multiprocess")
     assert os.environ["VLLM_CACHE_ROOT"] == str(out_root() / "runs" / ".vllm-cache")
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))  # the user's choice wins
-    prepare_environment(False, "c")
+    prepare_environment(False, "c", "multiprocess")
     assert os.environ["VLLM_CACHE_ROOT"] == str(tmp_path)

@@ -52,9 +52,10 @@ def scenario(mode: str) -> dict:
     from replaylib.measure.grading import grade
     from replaylib.measure.replay import build_jobs, settings
     from replaylib.measure.seeds import trunk_seed
+    from replaylib.runtime.vllm_processes import EngineProcesses
 
     p = smoke_params("inprocess" if mode == "stock-inprocess" else "multiprocess")
-    engine = make_engine(p, invariant=(mode == "invariant"))
+    engine = make_engine(p, invariant=(mode == "invariant"), lifecycle=EngineProcesses())
     problems = load_problems(p.task)[p.problem_start:p.problem_start + p.n_problems]
     prompts = {q.problem_id: engine.prompt_ids(q.question, p.instruction) for q in problems}
     seeds = {(pid, r): trunk_seed(pid, r) for pid in prompts for r in range(p.n_rollouts)}
@@ -106,7 +107,8 @@ def hold(ready_path: str) -> None:
     import time
 
     from replaylib.measure.engines import make_engine
-    engine = make_engine(smoke_params())
+    from replaylib.runtime.vllm_processes import EngineProcesses
+    engine = make_engine(smoke_params(), lifecycle=EngineProcesses())
     Path(ready_path).write_text(json.dumps([proc.pid for proc in engine.processes]))
     time.sleep(900)
 

@@ -157,7 +157,8 @@ class FakeLLM:
 def make_engine(params, invariant: bool = False):
     """A VLLMEngine on the stand-in, as VLLMEngine.from_params would build the real one (identity,
     configure); its KV blocks are the pivot filter's block_size (4 tokens when that is 1)."""
-    from replaylib.measure.engine_vllm import VLLMEngine, engine_identity
+    from replaylib.measure.engine_vllm import VLLMEngine
+    from replaylib.measure.vllm_setup import engine_identity
     racy = params.vllm_serving == "multiprocess" and not invariant  # batch-invariant kernels: no race
     block = params.block_size if params.block_size > 1 else 4
     engine = VLLMEngine(FakeLLM(block_size=block, racy=racy), FakeSP, model=params.model,

@@ -254,7 +254,7 @@ def paper7b_traffic(config: dict, calls: list[list[tuple[int, int]]]) -> "Decode
 
 def main_startup_only(args, log) -> int:
     """Start the paper7b engine once more (same model directory and compilation cache) and time it."""
-    from ..measure.engine_vllm import prepare_environment
+    from ..measure.vllm_setup import prepare_environment
     out = Path(args.out or "runs/bench-paper7b")
     os.environ.setdefault("VLLM_CACHE_ROOT", str((out / "vllm-cache").resolve()))
     prepare_environment(False, "bench-paper7b", serving="inprocess")  # the mode lease 4 measured
@@ -268,8 +268,9 @@ def main_startup_only(args, log) -> int:
 def main_paper7b(args, log) -> int:
     from functools import partial
 
-    from ..measure.engine_vllm import VLLMEngine, prepare_environment
+    from ..measure.engine_vllm import VLLMEngine
     from ..measure.replay import build_jobs
+    from ..measure.vllm_setup import prepare_environment
 
     if args.startup_only:
         return main_startup_only(args, log)
@@ -298,7 +299,7 @@ def main_paper7b(args, log) -> int:
     startup = time.perf_counter() - t0
     engine = VLLMEngine(_NoTokenizerLLM(llm, QWEN25_7B_INSTRUCT_EOS), partial(vllm.SamplingParams, ignore_eos=True),
                         model=f"random-weight {QWEN25_7B_INSTRUCT_CONFIG['architectures'][0]} (Qwen2.5-7B-Instruct)",
-                        version=vllm.__version__, config="bench-paper7b", enforce_eager=False)
+                        version=vllm.__version__, config="bench-paper7b", enforce_eager=False, serving="inprocess")
     log(f"engine: vLLM {vllm.__version__} started in {startup:.1f} s (import included); {engine.describe()}")
 
     problems = list(range(n_problems))

@@ -163,11 +163,12 @@ def run_ours(engine, jobs, gold, settings: PassSettings, out_dir: Path) -> tuple
 # ---------------------------------------------------------------- (a') the vLLM engine
 def vllm_engine(model_path: str, wl: Workload, gpu_memory_utilization: float):
     from ..measure.engine_vllm import VLLMEngine
+    from ..runtime.vllm_processes import EngineProcesses
     params = make({"config": f"bench-{wl.name}", "model": model_path, "engine": "vllm", "device": "cuda",
                    "dtype": wl.dtype, "gpu_memory_utilization": gpu_memory_utilization, "enforce_eager": False,
                    "temperature": wl.temperature, "top_p": wl.top_p, "max_trunk_tokens": wl.max_trunk_tokens},
                   where=f"bench workload {wl.name}")
-    return VLLMEngine.from_params(params)
+    return VLLMEngine.from_params(params, lifecycle=EngineProcesses())
 
 def run_vllm(engine, hf_model, jobs, gold, settings: PassSettings, out_dir: Path) -> tuple[PhaseResult, list]:
     """VLLMEngine.run_pass refeed over the same jobs: one generate call (prefill and decode together)."""

@@ -6,13 +6,9 @@ vllm/v1/core/block_pool.py, vllm/v1/metrics/); where this file relies on a detai
 that source, the comment names it.
 
 - One offline engine, bf16, prefix caching on, seed 0, in the serving mode of the
-  configuration (`vllm_serving`, a keyed parameter: it changes the numerics):
-  multiprocess (vLLM's default and the paper's: the engine core runs in a child process,
-  spawned, and starts stepping while a call's requests are still arriving, so identical
-  calls can run in different batches) or inprocess (VLLM_ENABLE_V1_MULTIPROCESSING=0: one
-  process, every request of a call is in before the first step). prepare_environment sets
-  the mode before vLLM is imported and refuses a process or an environment set for the
-  other one. VLLM_USE_FLASHINFER_SAMPLER=0 avoids a sampler kernel build that needs nvcc.
+  configuration (`vllm_serving`; the environment it needs: replaylib.measure.vllm_setup).
+  Its start and stop go through a lifecycle hook: the run layer's finds, registers and
+  stops vLLM's engine-core processes (replaylib.runtime.vllm_processes).
 - Prompts are token ids ({"prompt_token_ids": ids}), never re-tokenised text.
 - Logprobs are the raw distribution (before temperature and top-p): logprobs_mode
   "raw_logprobs", set explicitly (also 0.22.1's default, vllm/config/model.py).
@@ -63,15 +59,14 @@ that source, the comment names it.
 - Batch-invariant mode: VLLM_BATCH_INVARIANT=1 must be set before vLLM is imported, and
   the attention backend is params.invariant_attention_backend (TRITON_ATTN; FA3 is not
   invariant between prefill and decode, see docs/protocol.md section 7.2). enforce_eager is ignored
-  in this mode: on the H200 with the real 0.5B model, eager mode left refeed different from
-  exact1 (0/62 probe logprobs bit-exact), CUDA graphs + torch.compile made all passes
-  identical (24/24); docs/gpu-h200.md.
+  in this mode: eager vLLM 0.22.1 is not invariant between refeed and exact resumes, CUDA graphs
+  and torch.compile are (docs/gpu-h200.md).
 - vLLM cannot compare the first post-pivot step with the trunk's own
   (first_step_exact is None).
-- Extra passes: refeed2 is a second refeed (reset, same batch); serial sends every request
+- Passes run by their kind (replaylib.measure.passes): exact resumes the resident trunk
+  blocks, refeed resets the cache and runs the identical batch, serial sends every request
   alone on a freshly reset cache (a batch of one, its prefix prefilled alone; slow: one
-  generate call per request); block16 is the transformers engine's imitation of what the
-  exact passes already are here, so it is refused.
+  generate call per request). A pass the table does not give to this engine is refused.
 """
 from __future__ import annotations
 
@@ -80,16 +75,10 @@ import importlib.util
 import logging
 import math
 import os
-import sys
 import time
 
 from ..core import progress
-from ..runtime.vllm_processes import (
-    engine_processes,
-    gpu_lifecycle_lock,
-    reap_leftover_engines,
-    register_engine_processes,
-)
+from . import passes
 from .engine import (
     ARMS,
     EngineUnavailable,
@@ -100,90 +89,32 @@ from .engine import (
     chat_prompt_ids,
 )
 from .seeds import trunk_seed
+from .vllm_setup import (
+    engine_identity,
+    prepare_environment,
+    trunk_settings,
+    unavailable_message,
+)
 
 log = logging.getLogger("replaylib")
 
 LOGPROBS_MODE = "raw_logprobs"
+KINDS = ("exact", "refeed", "serial")  # the kernels of run_pass
 
 
-def unavailable_message(config: str, what: str) -> str:
-    return (f"config '{config}': engine 'vllm' needs {what}; on a CUDA machine install it "
-            f"(pip install -e '.[vllm]'), or set engine: hf")
+class NoLifecycle:
+    """An engine's start and stop with nothing around them: no process is looked for, registered or
+    waited for. The run layer passes one that is (replaylib.runtime.vllm_processes.EngineProcesses)."""
 
+    def start(self, build, config: str, exclusive: bool) -> tuple:
+        """build() starts the LLM; returns (LLM, its engine-core processes, their registry files).
+        exclusive: the start measures the free GPU memory (no other start or stop may run meanwhile)."""
+        return build(), [], []
 
-SERVING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
-SERVING_VALUE = {"multiprocess": "1", "inprocess": "0"}
-
-
-def _serving_in_env() -> str | None:
-    value = os.environ.get(SERVING_ENV, "").strip()
-    if not value:
-        return None
-    if value not in SERVING_VALUE.values():
-        raise RuntimeError(f"{SERVING_ENV}={value!r} is set in this environment; vLLM reads 0 or 1. Unset it: the "
-                           f"configuration's vllm_serving chooses the serving mode")
-    return "multiprocess" if value == "1" else "inprocess"
-
-
-def prepare_environment(invariant: bool, config: str = "?", serving: str = "multiprocess") -> None:
-    """Environment vLLM reads at import and engine start; refuses a process whose vLLM has the other mode.
-
-    serving: multiprocess (vLLM's default) or inprocess. The parameter decides, so a value of
-    VLLM_ENABLE_V1_MULTIPROCESSING that says otherwise is refused rather than silently measured."""
-    if serving not in SERVING_VALUE:
-        raise ValueError(f"config '{config}': vllm_serving must be one of {sorted(SERVING_VALUE)}, not {serving!r}")
-    have = _serving_in_env()
-    if "vllm" in sys.modules:
-        effective = have or "multiprocess"  # what vLLM does when the variable is unset
-        if effective != serving:
-            raise RuntimeError(f"config '{config}': vllm_serving is {serving}, but this process imported vLLM for the "
-                               f"{effective} mode; run the stage in a fresh process (its own notebook kernel)")
-    elif have is not None and have != serving:
-        raise RuntimeError(f"config '{config}': {SERVING_ENV}={os.environ[SERVING_ENV]} is set in this environment, "
-                           f"but the configuration asks vllm_serving: {serving} (the parameter decides: it is in the "
-                           f"stage key); unset {SERVING_ENV}")
-    os.environ[SERVING_ENV] = SERVING_VALUE[serving]
-    if serving == "multiprocess":
-        # the engine core is a child process; fork cannot carry a CUDA context the stage may already hold
-        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(compile_cache_dir()))  # a value set by the user wins
-    flag = os.environ.get("VLLM_BATCH_INVARIANT", "0") not in ("", "0")
-    if invariant and not flag:
-        if "vllm" in sys.modules:
-            raise RuntimeError(f"config '{config}': batch-invariant mode needs VLLM_BATCH_INVARIANT=1 before vLLM is "
-                               f"imported, and this process imported vLLM without it; run the stage in a fresh "
-                               f"process (its own notebook kernel)")
-        os.environ["VLLM_BATCH_INVARIANT"] = "1"
-    elif not invariant and flag:
-        raise RuntimeError(f"config '{config}': VLLM_BATCH_INVARIANT=1 is set in this process, but this stage "
-                           f"measures the stock engine; unset it (only the batch-invariant stage sets it)")
-
-
-
-def engine_identity(params, invariant: bool = False) -> dict:
-    """Everything a vLLM engine is built with (the LLM's arguments and the environment vLLM reads at
-    start): stages whose identities are equal can share one engine (replaylib.runtime.engine_service)."""
-    return {"engine": "vllm", "model": params.model, "dtype": params.dtype, "device": params.device,
-            "serving": params.vllm_serving, "batch_invariant": invariant,
-            "attention_backend": (params.invariant_attention_backend if invariant else params.attention_backend)
-            or "default", "enforce_eager": bool(params.enforce_eager and not invariant),
-            "gpu_memory_utilization": params.gpu_memory_utilization, "max_model_len": params.max_model_len,
-            "kv_cache_gib": params.kv_cache_gib}
-
-
-def trunk_settings(params) -> dict:
-    """The trunks' sampling settings, which problem_state's regeneration must repeat."""
-    return {"temperature": params.temperature, "top_p": params.top_p, "max_new_tokens": params.max_trunk_tokens,
-            "top_logprobs": params.top_logprobs}
-
-
-def compile_cache_dir():
-    """vLLM's cache root (torch.compile artefacts, CUDA-graph-ready code) under the run directory, so
-    that later stages and reruns start warm: on the H200 a 7B engine started in 77.8 s cold and 47.6 s
-    with this cache (docs/gpu-h200.md, lease 4)."""
-    from ..core.paths import out_root
-    return out_root() / "runs" / ".vllm-cache"
+    def stop(self, shutdown, config: str, processes: list, registered: list, timeout_s: float) -> list:
+        """shutdown() stops the LLM; returns the engine-core processes that exited with it."""
+        shutdown()
+        return []
 
 
 def blocks(n_tokens: int, block_size: int) -> int:
@@ -226,11 +157,12 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 class VLLMEngine:
     name = "vllm"
 
-    def __init__(self, llm, sampling_params_cls, model: str = "", dtype: str = "bfloat16", invariant: bool = False,
-                 attention_backend: str = "", version: str = "", config: str = "?",
-                 trunk_settings: dict | None = None, enforce_eager: bool | None = None, serving: str = "inprocess"):
+    def __init__(self, llm, sampling_params_cls, *, serving: str, model: str = "", dtype: str = "bfloat16",
+                 invariant: bool = False, attention_backend: str = "", version: str = "", config: str = "?",
+                 trunk_settings: dict | None = None, enforce_eager: bool | None = None, lifecycle=None):
         """Wrap an existing vllm.LLM (or a stand-in with the same methods, for tests). serving: the mode the
-        LLM was started in (multiprocess or inprocess), which decides how trunk requests are submitted."""
+        LLM was started in (multiprocess or inprocess), which decides how trunk requests are submitted.
+        lifecycle: what stops it with its processes (NoLifecycle by default)."""
         self.llm, self.SamplingParams = llm, sampling_params_cls
         self.model_path, self.dtype_name, self.invariant = model, dtype, invariant
         self.attention_backend, self.version, self.config = attention_backend, version, config
@@ -252,6 +184,7 @@ class VLLMEngine:
         self.epoch = 0  # prefix-cache resets so far
         self.preemptions: dict[str, int] = {}
         self.processes, self.registered = [], []  # the engine core's processes and their registry files
+        self.lifecycle = lifecycle or NoLifecycle()
         self.identity: dict | None = None  # engine_identity of the parameters it was built from
 
     def configure(self, params) -> None:
@@ -270,7 +203,9 @@ class VLLMEngine:
                         params.config, params.block_size, self.block_size)
 
     @classmethod
-    def from_params(cls, params, invariant: bool = False) -> "VLLMEngine":
+    def from_params(cls, params, invariant: bool = False, lifecycle=None) -> "VLLMEngine":
+        """The engine of a configuration; lifecycle: the hook around its start and stop (NoLifecycle by
+        default; the run layer's also manages vLLM's engine-core processes)."""
         if importlib.util.find_spec("vllm") is None:
             raise EngineUnavailable(unavailable_message(params.config, "vLLM 0.22.1 and a CUDA GPU"))
         import torch
@@ -300,20 +235,15 @@ class VLLMEngine:
             kwargs["attention_config"] = {"backend": backend}
         if params.kv_cache_gib:  # a fixed KV cache: vLLM then skips its free-memory profiling
             kwargs["kv_cache_memory_bytes"] = int(params.kv_cache_gib * 2**30)
-        reap_leftover_engines()
-        with gpu_lifecycle_lock(params.config, exclusive=not params.kv_cache_gib):
-            before = {p.pid for p in engine_processes()}
-            llm = vllm.LLM(**kwargs)
-            procs = engine_processes(exclude=before)
-            files = register_engine_processes(procs, params.config)
+        lifecycle = lifecycle or NoLifecycle()
+        # exclusive: vLLM sizes its KV cache from the free GPU memory it measures while it starts
+        llm, procs, files = lifecycle.start(lambda: vllm.LLM(**kwargs), params.config,
+                                            exclusive=not params.kv_cache_gib)
         engine = cls(llm, vllm.SamplingParams, model=model, dtype=params.dtype, invariant=invariant,
                      attention_backend=backend, version=vllm.__version__, config=params.config, enforce_eager=eager,
-                     serving=params.vllm_serving)
+                     serving=params.vllm_serving, lifecycle=lifecycle)
         engine.processes, engine.registered = procs, files
         engine.identity = engine_identity(params, invariant)
-        if params.vllm_serving == "multiprocess" and not procs:
-            log.warning("config %s: no vLLM engine-core process was found beside this one in the multiprocess "
-                        "mode; a killed stage's engine could not be stopped by the next one", params.config)
         log.info("config %s: vLLM engine started in %.1f s (%s; import, weights, compilation, CUDA graphs; "
                  "VLLM_CACHE_ROOT=%s)", params.config, time.perf_counter() - started,
                  f"multiprocess, engine core pid {', '.join(str(p.pid) for p in procs) or '?'}"
@@ -322,38 +252,28 @@ class VLLMEngine:
         return engine
 
     def close(self, timeout_s: float = 60.0) -> list[int]:
-        """Shut the engine down and wait until its engine-core processes have exited; returns their pids.
-        A process that outlives the shutdown is killed and named in a warning."""
+        """Shut the engine down; returns the pids of the engine-core processes that exited with it (the
+        lifecycle waits for them, and kills and names one that outlives the shutdown)."""
         if self.llm is None:
             return []
-        import psutil
-        with gpu_lifecycle_lock(self.config, exclusive=False):
-            try:
-                self.llm.llm_engine.engine_core.shutdown()
-            except Exception as e:  # noqa: BLE001 - a failing shutdown still ends in the checks below
-                log.warning("config %s: vLLM engine shutdown raised %s: %s", self.config, type(e).__name__, e)
-            self.llm = None
-            if self.serving == "inprocess":  # give the GPU memory back while holding the lock, not at exit
-                import gc
-                gc.collect()
-                with contextlib.suppress(Exception):
-                    import torch
-                    torch.cuda.empty_cache()
-            procs = list(self.processes) + [p for p in engine_processes() if p.pid not in
-                                            {q.pid for q in self.processes}]
-            gone, alive = psutil.wait_procs(procs, timeout=timeout_s)
-            for proc in alive:
-                log.warning("config %s: vLLM engine process %d still ran %.0f s after shutdown; killed", self.config,
-                            proc.pid, timeout_s)
-                with contextlib.suppress(psutil.Error):
-                    proc.kill()
-            psutil.wait_procs(alive, timeout=10)
-            for path in self.registered:
-                path.unlink(missing_ok=True)
+        procs = self.lifecycle.stop(self._shutdown, self.config, self.processes, self.registered, timeout_s)
         if procs:
             log.info("config %s: vLLM engine stopped (engine-core processes %s exited)", self.config,
                      ", ".join(str(p.pid) for p in procs))
         return [p.pid for p in procs]
+
+    def _shutdown(self) -> None:
+        try:
+            self.llm.llm_engine.engine_core.shutdown()
+        except Exception as e:  # noqa: BLE001 - a failing shutdown still ends in the lifecycle's checks
+            log.warning("config %s: vLLM engine shutdown raised %s: %s", self.config, type(e).__name__, e)
+        self.llm = None
+        if self.serving == "inprocess":  # give the GPU memory back now (inside the lifecycle's lock), not at exit
+            import gc
+            gc.collect()
+            with contextlib.suppress(Exception):
+                import torch
+                torch.cuda.empty_cache()
 
     def describe(self) -> dict:
         return {"engine": "vllm", "model": self.model_path, "device": "cuda", "dtype": self.dtype_name,
@@ -403,8 +323,7 @@ class VLLMEngine:
         """One call; returns (outputs in request order, preemptions during it or None)."""
         before = self._preemption_count()
         # plain Python ints: ids read back from Parquet are numpy.int64, and vLLM hashes the token ids of
-        # its prefix-cache blocks as given, so numpy ids never match the trunk's blocks (seen on the H200:
-        # exact1 missed the cache on 15 of 21 pivots, exact2 then hit exact1's own numpy-hashed blocks)
+        # its prefix-cache blocks as given, so numpy ids never match the trunk's blocks
         outs = self._submit([{"prompt_token_ids": _ints(p)} for p in prompts], params, synchronized)
         progress.tokens(sum(len(c.token_ids) for o in outs for c in o.outputs), len(outs))
         after = self._preemption_count()
@@ -434,7 +353,7 @@ class VLLMEngine:
         return trunks, preempted
 
     def sample_trunks(self, prompts: dict[int, list[int]], n_rollouts: int, seeds: dict, temperature: float,
-                      top_p: float, max_new_tokens: int, top_logprobs: int, stop_at_answer: bool = False):
+                      top_p: float, max_new_tokens: int, top_logprobs: int):
         """Trunks for several problems, one call per problem (the batch problem_state
         regenerates); returns (trunks by problem, None): the KV stays in this process."""
         self.trunk_settings = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens,
@@ -563,20 +482,22 @@ class VLLMEngine:
                                        max_tokens=settings.max_tokens, seed=seed, detokenize=False)
         return self.SamplingParams(temperature=0.0, max_tokens=settings.max_tokens, detokenize=False)
 
-    def run_pass(self, jobs: list[PivotJob], pass_name: str, settings: PassSettings, state: dict | None,
-                 tok_text=None) -> list[PivotOutput]:
-        """One pass over pivot jobs: exact* resumes the resident trunk blocks; refeed* resets first."""
-        if pass_name == "block16":
-            raise ValueError("pass 'block16' is the transformers engine's imitation of a paged cache; on vLLM the "
-                             "exact passes are block-granular resumes already; leave it out of passes with engine: vllm")
-        exact = pass_name.startswith("exact")
+    def run_pass(self, jobs: list[PivotJob], pass_name: str, settings: PassSettings,
+                 state: dict | None) -> list[PivotOutput]:
+        """One pass over pivot jobs, computed by its kind (replaylib.measure.passes): exact resumes the
+        resident trunk blocks; refeed resets the prefix cache first; serial runs every request alone."""
+        kind = passes.for_engine(pass_name, "vllm").kind
+        if kind not in KINDS:
+            raise ValueError(f"pass '{pass_name}' is of kind '{kind}', which the vLLM engine has no kernel for "
+                             f"(replaylib/measure/engine_vllm.py runs {', '.join(KINDS)}); leave it out of passes")
+        exact = kind == "exact"
         if not jobs:
             return []
         if exact:
             if state is None:
                 raise ValueError(f"pass {pass_name}: call problem_state first (the trunk blocks must be resident)")
             chunks = self._split(jobs, settings, state)
-        elif pass_name == "serial":
+        elif kind == "serial":
             return self._run(jobs, pass_name, settings, None, alone=True)
         else:
             self._reset(f"{pass_name} pass")  # a failed reset would make this a third exact pass

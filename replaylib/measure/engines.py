@@ -9,17 +9,19 @@ import os
 from .engine import EngineUnavailable
 
 
-def _hf(params, invariant: bool):
-    from .engine_hf import HFEngine
+def _hf(params, invariant: bool, lifecycle):
+    from .engine_hf import (
+        HFEngine,  # runs in this process alone: no lifecycle to manage
+    )
     return HFEngine.from_params(params, invariant=invariant)
 
 
-def _vllm(params, invariant: bool):
+def _vllm(params, invariant: bool, lifecycle):
     if importlib.util.find_spec("vllm") is None:
         raise EngineUnavailable(f"config '{params.config}': engine 'vllm' needs vLLM 0.22.1 and a GPU; "
                                 f"install it (pip install -e '.[vllm]') or set engine: hf")
     from .engine_vllm import VLLMEngine
-    return VLLMEngine.from_params(params, invariant=invariant)
+    return VLLMEngine.from_params(params, invariant=invariant, lifecycle=lifecycle)
 
 
 ENGINES = {"hf": _hf, "vllm": _vllm}
@@ -27,10 +29,12 @@ ENGINES = {"hf": _hf, "vllm": _vllm}
 FACTORY_ENV = "REPLAYLIB_TEST_ENGINE_FACTORY"
 
 
-def make_engine(params, invariant: bool = False):
-    """The engine a configuration asks for, with a one-line error when it cannot run here."""
+def make_engine(params, invariant: bool = False, lifecycle=None):
+    """The engine a configuration asks for, with a one-line error when it cannot run here. lifecycle: the
+    hook around an engine's start and stop that manages its processes (the run layer passes
+    replaylib.runtime.vllm_processes.EngineProcesses; None: the engine's own, which manages none)."""
     hook = os.environ.get(FACTORY_ENV)
     if hook:
         module, _, name = hook.partition(":")
         return getattr(importlib.import_module(module), name)(params, invariant=invariant)
-    return ENGINES[params.engine](params, invariant)
+    return ENGINES[params.engine](params, invariant, lifecycle)

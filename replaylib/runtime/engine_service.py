@@ -140,7 +140,7 @@ class ServedExecutor:
     reports_progress = True  # the server forwards the unit's progress as it happens
 
     def __init__(self, params, invariant: bool = False, stage: str = ""):
-        from ..measure.engine_vllm import engine_identity
+        from ..measure.vllm_setup import engine_identity
         self.config, self.conn, self.broker = params.config, None, None
         self.want = engine_identity(params, invariant)
         address, key = os.environ[BROKER_ENV], bytes.fromhex(os.environ.get(BROKER_KEY_ENV, ""))
@@ -545,7 +545,8 @@ def serve(spec_path: str) -> int:
     from ..core.files import atomic_write_json
     try:
         from ..measure.engines import make_engine
-        engine = make_engine(params, invariant=spec["invariant"])
+        from .vllm_processes import EngineProcesses
+        engine = make_engine(params, invariant=spec["invariant"], lifecycle=EngineProcesses())
     except BaseException as e:  # noqa: BLE001 - the broker relays it to the stage in one line
         traceback.print_exc()
         message = str(e).strip().splitlines()[-1] if str(e).strip() else one_line(e)

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from ..measure.engines import make_engine
 from .params import Params
+from .vllm_processes import EngineProcesses
 
 log = logging.getLogger("replaylib")
 # test hook: "<label>" makes the first attempt of that unit kill its worker (os._exit);
@@ -51,7 +52,7 @@ class LocalExecutor:
     lease_info = None
 
     def __init__(self, params: Params, invariant: bool = False):
-        self.engine = make_engine(params, invariant=invariant)
+        self.engine = make_engine(params, invariant=invariant, lifecycle=EngineProcesses())
 
     def call(self, fn, *args):
         return fn(self.engine, *args)
@@ -86,7 +87,7 @@ def _actor_class():
     class EngineActor:
         def __init__(self, overrides: dict, invariant: bool):
             t0 = time.monotonic()
-            self.engine = make_engine(actor_params(overrides), invariant=invariant)
+            self.engine = make_engine(actor_params(overrides), invariant=invariant, lifecycle=EngineProcesses())
             self.start_s = time.monotonic() - t0
 
         def ready(self) -> tuple[str, int, float]:

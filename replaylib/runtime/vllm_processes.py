@@ -21,6 +21,8 @@ import stat
 import tempfile
 from pathlib import Path
 
+from ..measure.vllm_setup import serving_in_env
+
 log = logging.getLogger("replaylib")
 
 REGISTRY_ENV = "REPLAYLIB_ENGINE_REGISTRY"
@@ -149,3 +151,38 @@ def reap_leftover_engines(timeout_s: float = 60.0) -> list[dict]:
             path.unlink(missing_ok=True)
         stopped.append({**entry, "stopped": not alive})
     return stopped
+
+
+class EngineProcesses:
+    """The lifecycle hook of a vLLM engine (``VLLMEngine.from_params(lifecycle=)``) that manages its
+    engine-core processes: a start stops the leftovers of dead engines first, then starts the LLM under
+    the GPU lock and registers the engine cores it started; a stop shuts the LLM down under the lock,
+    waits for its engine cores (killing and naming one that outlives the shutdown) and unregisters them."""
+
+    def start(self, build, config: str, exclusive: bool) -> tuple:
+        reap_leftover_engines()
+        with gpu_lifecycle_lock(config, exclusive=exclusive):
+            before = {p.pid for p in engine_processes()}
+            llm = build()
+            procs = engine_processes(exclude=before)
+            files = register_engine_processes(procs, config)
+        if serving_in_env() == "multiprocess" and not procs:
+            log.warning("config %s: no vLLM engine-core process was found beside this one in the multiprocess "
+                        "mode; a killed stage's engine could not be stopped by the next one", config)
+        return llm, procs, files
+
+    def stop(self, shutdown, config: str, processes: list, registered: list, timeout_s: float) -> list:
+        import psutil
+        with gpu_lifecycle_lock(config, exclusive=False):
+            shutdown()
+            procs = list(processes) + [p for p in engine_processes() if p.pid not in {q.pid for q in processes}]
+            gone, alive = psutil.wait_procs(procs, timeout=timeout_s)
+            for proc in alive:
+                log.warning("config %s: vLLM engine process %d still ran %.0f s after shutdown; killed", config,
+                            proc.pid, timeout_s)
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+            psutil.wait_procs(alive, timeout=10)
+            for path in registered:
+                path.unlink(missing_ok=True)
+        return procs
