@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..runtime.params import short
+from ..core.text import short
 
 REQUIRED = ("problem_id", "rollout", "abs_pos", "margin", "A_exact1", "A_exact2", "A_refeed")
 OPTIONAL = (

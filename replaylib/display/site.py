@@ -34,7 +34,8 @@ import pandas as pd
 
 from ..analysis.records import check_columns
 from ..core.paths import out_root
-from ..runtime.params import make, short
+from ..core.text import short
+from ..runtime.params import make
 from ..runtime.registry import RUN_ORDER
 from ..runtime.registry import stage as stage_entry
 from ..runtime.rundir import changed_outputs

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core import progress
-from . import passes
+from . import engines
 from .engine import ARMS, PassSettings, PivotJob, PivotOutput, Trunk, chat_prompt_ids
 from .grading import answer_complete
 from .hf_prefix_states import PrefixStates, row_state, stacked_cache
@@ -145,7 +145,8 @@ class HFEngine(PrefixStates):
         self._model32 = None
 
     @classmethod
-    def from_params(cls, params, invariant: bool = False) -> "HFEngine":
+    def from_params(cls, params, invariant: bool = False, lifecycle=None) -> "HFEngine":
+        """The engine of a configuration (it runs in this process alone: there is no lifecycle to manage)."""
         from .models import resolve_model
         torch.set_num_threads(torch.get_num_threads())
         return cls(resolve_model(params.model), params.device, params.dtype, invariant, params.max_batch_rows,
@@ -345,7 +346,7 @@ class HFEngine(PrefixStates):
         abs_pos, head_dim], the state to transplant instead of the default one (tests inject the
         pass's own state this way: a transplant of a state onto itself is the original pass).
         """
-        kind = pass_kind(pass_name)
+        kind = engines.pass_kind("hf", pass_name)
         if (kind in ("exact", "block") or (kind == "xdecode" and prefix_state is None)) and state is None:
             raise ValueError(f"pass {pass_name}: the decode-time state of the trunks is needed")
         # the state this pass resumes, digested now (after any device move) against the digest
@@ -555,19 +556,6 @@ class HFEngine(PrefixStates):
             else:
                 conts[arm].append(tokens)
         return PivotOutput(job.pivot_id, conts, probe_ids, probe_lp, resume)
-
-
-KINDS = ("exact", "refeed", "serial", "block", "xrefeed", "xdecode")  # the kernels of run_pass
-
-
-def pass_kind(name: str) -> str:
-    """The kernel a pass runs on this engine (its kind in replaylib.measure.passes): exact (resume),
-    refeed (prefill afresh), serial, block (block16), xrefeed or xdecode (the transplants)."""
-    kind = passes.for_engine(name, "hf").kind
-    if kind not in KINDS:
-        raise ValueError(f"pass '{name}' is of kind '{kind}', which the transformers engine has no kernel for "
-                         f"(replaylib/measure/engine_hf.py runs {', '.join(KINDS)}); leave it out of passes")
-    return kind
 
 
 ROW_FIELDS = ("tokens", "placed", "first_lp", "first_topk")

@@ -78,7 +78,7 @@ import os
 import time
 
 from ..core import progress
-from . import passes
+from . import engines
 from .engine import (
     ARMS,
     EngineUnavailable,
@@ -99,7 +99,6 @@ from .vllm_setup import (
 log = logging.getLogger("replaylib")
 
 LOGPROBS_MODE = "raw_logprobs"
-KINDS = ("exact", "refeed", "serial")  # the kernels of run_pass
 
 
 class NoLifecycle:
@@ -486,10 +485,7 @@ class VLLMEngine:
                  state: dict | None) -> list[PivotOutput]:
         """One pass over pivot jobs, computed by its kind (replaylib.measure.passes): exact resumes the
         resident trunk blocks; refeed resets the prefix cache first; serial runs every request alone."""
-        kind = passes.for_engine(pass_name, "vllm").kind
-        if kind not in KINDS:
-            raise ValueError(f"pass '{pass_name}' is of kind '{kind}', which the vLLM engine has no kernel for "
-                             f"(replaylib/measure/engine_vllm.py runs {', '.join(KINDS)}); leave it out of passes")
+        kind = engines.pass_kind("vllm", pass_name)
         exact = kind == "exact"
         if not jobs:
             return []

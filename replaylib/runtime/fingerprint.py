@@ -97,8 +97,9 @@ def stage_modules(stage: str) -> list[str]:
     inside = tuple(f"replaylib.{sub}." for sub in entry.computes)
     driver = f"replaylib.stages.{entry.driver}"
     roots = imported(_module_file(driver).read_text(), driver)
-    if entry.engine:  # its units run on an engine the executor makes (replaylib.measure.engines)
-        roots.add("replaylib.measure.engines")
+    if entry.engine:  # its units run on the engines the executor makes from their table
+        from ..measure.engines import ENGINES
+        roots |= {"replaylib.measure.engines"} | {e.module for e in ENGINES.values()}
     for cell in compute_cells(stage):
         roots |= imported(cell, "replaylib.notebook")
     todo, seen = {m for m in roots if m.startswith(inside)}, set()

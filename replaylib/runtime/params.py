@@ -13,12 +13,13 @@ import hashlib
 import json
 import math
 import re
-import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from ..core.text import short
+from ..measure import engines
 from ..measure import passes as pass_table
 from .registry import DATA_UPSTREAM, EXECUTOR_STAGES, STAGES, UPSTREAM
 
@@ -27,7 +28,7 @@ PAPER_INSTRUCTION = ("\n\nReason step by step. End your response with one final 
                      "format:\nAnswer: <number>")
 CHOICES = {
     "task": ["gsm8k", "math500"],
-    "engine": ["hf", "vllm"],
+    "engine": list(engines.ENGINES),
     "device": ["cpu", "cuda", "auto"],
     "dtype": ["bfloat16", "float32", "float16"],
     "records": ["run", "published"],
@@ -70,15 +71,6 @@ def _p(stage: str, default, doc: str, lo=None, hi=None, above=None, why=None):
 TOKENS_WHY = "a sequence's KV state grows with it; 32768 is the paper's models' context length"
 ROWS_WHY = "the engine decodes that many rows in one batch"
 MIN_TEMPERATURE = 1e-5  # positive temperatures below it are greedy in all but name (and overflow far below)
-
-
-def short(value) -> str:
-    """A value as an error message shows it: its repr, cut to a line (a parameter can be a whole file)."""
-    return _SHORT.repr(value)
-
-
-_SHORT = reprlib.Repr()
-_SHORT.maxstring = _SHORT.maxother = 80
 
 
 def _l(stage: str, default: list, doc: str):
@@ -339,13 +331,11 @@ def make(overrides: dict, where: str = "parameters", scope=None) -> Params:
         raise ValueError(f"{where}: parameter 'pass_submission' is {params.pass_submission!r}, which only differs from "
                          f"'stock' on the multi-process vLLM engine (engine: vllm, vllm_serving: multiprocess: "
                          f"elsewhere every call's requests are in before its first step); set pass_submission: stock")
-    refused = [pass_table.PASSES[p] for p in params.passes
-               if "passes" in scope and params.engine not in pass_table.PASSES[p].engines]
+    refused = [p for p in params.passes if "passes" in scope and not engines.runs(params.engine, p)]
     if refused:
-        fix = " or ".join(f"engine: {e}" for e in pass_table.ENGINES if all(e in p.engines for p in refused))
-        why = "; ".join(dict.fromkeys(p.why_not for p in refused))
-        raise ValueError(f"{where}: parameter 'passes' has {', '.join(p.name for p in refused)}, which the "
-                         f"{params.engine} engine does not run ({why}); remove them or set {fix}")
+        fix = " or ".join(f"engine: {e}" for e in engines.ENGINES if all(engines.runs(e, p) for p in refused))
+        raise ValueError(f"{where}: parameter 'passes' has {', '.join(refused)}, which the {params.engine} engine "
+                         f"does not run ({engines.ENGINES[params.engine].lacks}); remove them or set {fix}")
     if params.engine == "vllm" and ("layer_profile" in scope and params.layer_profile
                                     or "prefix_precision" in scope and params.prefix_precision != "native"):
         raise ValueError(f"{where}: layer_profile and prefix_precision need engine: hf (vLLM's APIs cannot place a "
