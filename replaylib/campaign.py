@@ -20,8 +20,9 @@ its configuration's stage 1 is). Local vLLM engines are shared by the whole camp
 and settings serves every stage that needs it (replaylib.runtime.engine_service); Ray actors wait for free
 GPUs. Then the campaign statistics notebook
 (notebooks/06_campaign.ipynb) writes tables/campaign-<name>/ (tab1_main, live_vs_published)
-and figures/campaign-<name>/ (Figures 1-3), and runs/campaign-<name>/manifest.json with
-its inputs (every row's records, sha256) and products; it reruns only when those inputs,
+and figures/campaign-<name>/ (Figures 1-3); it runs as a stage, in runs/campaign-<name>/06_campaign/
+(executed notebook, run.log, params.json with the campaign file's sha256, manifest.json with its
+inputs, the outputs of the stages it reads, and its products), and reruns only when those inputs,
 the campaign file or its code change, or with --force.
 
 A stage that two configurations compute with the same key (the same parameters, the same
@@ -47,30 +48,15 @@ from pathlib import Path
 import yaml
 
 from .core.files import atomic_write_bytes, open_new
-from .core.paths import REPO, out_root, tables_dir
+from .core.paths import REPO, config_dir, out_root, stage_dir, tables_dir
 from .runtime import params as params_mod
-from .runtime.campaigns import Campaign, load
-from .runtime.registry import CAMPAIGN
-from .runtime.rundir import (
-    changed_outputs,
-    copy_stage,
-)
-from .stages.campaign_statistics import execute_statistics, statistics_staleness
+from .runtime.campaigns import Campaign, CampaignDir, load
+from .runtime.rundir import StageDir, changed_outputs, copy_stage
 
-# the Table 1 quantities compared with the published values
-
-
-# --------------------------------------------------------------------------- live records
-
-
-# --------------------------------------------------------------------------- statistics
-
-
-# --------------------------------------------------------------------------- running
 
 def _params_file(c: Campaign, name: str, out_dir=None) -> Path:
     """The configuration's parameters with the campaign's executor values, as the runner reads them."""
-    path = out_root(out_dir) / "runs" / c.label / "params" / f"{name}.yaml"
+    path = config_dir(c.label, out_dir) / "params" / f"{name}.yaml"
     body = yaml.safe_dump(c.configs[name].to_dict(), sort_keys=False, allow_unicode=True)
     atomic_write_bytes(path, (f"# written by replaylib.campaign from {c.sources[name]}\n" + body).encode())
     return path
@@ -82,25 +68,23 @@ def copy_shared_stages(c: Campaign, name: str, out_dir=None) -> list[str]:
     the stages copied. A stage that cannot be copied is computed as usual. The source is the
     configuration the campaign file names for that stage, wherever it was computed (a root carried
     between machines included): the campaign reads that configuration's own stages as they are."""
-    from .run import staleness
     copied = []
-    runs = out_root(out_dir) / "runs"
     for (dst, stage), source in c.shared_stages().items():
-        if dst != name or not staleness(c.configs[name], stage, out_dir):
+        if dst != name or not StageDir(c.configs[name], stage, out_dir).staleness():
             continue
-        src_dir = runs / source / stage
+        src_dir = stage_dir(source, stage, out_dir)
         try:
             manifest = json.loads((src_dir / "manifest.json").read_text())
         except (OSError, json.JSONDecodeError):
             continue  # the source has not finished it: compute it here
         intact = not changed_outputs(src_dir, manifest.get("outputs", {}))
-        if intact and staleness(c.configs[source], stage, out_dir):
+        if intact and StageDir(c.configs[source], stage, out_dir).staleness():
             continue  # the source has not finished it (or it is stale): compute it here
         upstream = c.configs[name].data_upstream(stage)
         inputs_here = {}
         for up in upstream:
             try:
-                outputs = json.loads((runs / name / up / "manifest.json").read_text())["outputs"]
+                outputs = json.loads((stage_dir(name, up, out_dir) / "manifest.json").read_text())["outputs"]
             except (OSError, json.JSONDecodeError, KeyError):
                 outputs = {}
             inputs_here |= {f"{up}/{rel}": digest for rel, digest in outputs.items()}
@@ -110,7 +94,7 @@ def copy_shared_stages(c: Campaign, name: str, out_dir=None) -> list[str]:
             print(f"[campaign] {c.label}: {name} {stage}: not copied from {source} "
                   f"({'its outputs changed' if not intact else 'other inputs'}); computing it", flush=True)
             continue
-        copy_stage(src_dir, runs / name / stage, name, out_dir)
+        copy_stage(src_dir, stage_dir(name, stage, out_dir), name, out_dir)
         print(f"[campaign] {c.label}: {name} {stage}: copied from {source} (same parameters and inputs)",
               flush=True)
         copied.append(stage)
@@ -159,8 +143,8 @@ def _ready(c: Campaign, job: Job, done: dict, out_dir) -> bool:
     """Whether a job can start: every (config, stages) it waits for is finished, or the job making those
     stages has ended (whatever its outcome, which it reports itself): a copy need not wait for the rest
     of its source's run."""
-    from .run import staleness
-    return all(done.get(config, False) or not any(staleness(c.configs[config], st, out_dir) for st in stages)
+    return all(done.get(config, False) or not any(StageDir(c.configs[config], st, out_dir).staleness()
+                                                  for st in stages)
                for config, stages in job.waits)
 
 
@@ -173,7 +157,7 @@ def _run_job(c: Campaign, job: Job, out_dir, force: bool, log_to_file: bool) -> 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
     if not log_to_file:
         return job.config, subprocess.run(cmd, cwd=REPO, env=env).returncode, ""
-    log = out_root(out_dir) / "runs" / c.label / "logs" / f"{job.log_name}.log"
+    log = config_dir(c.label, out_dir) / "logs" / f"{job.log_name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open_new(log) as f:
         rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
@@ -260,6 +244,11 @@ def _side_by_side(c: Campaign, jobs: list[Job], width: int, out_dir, force: bool
     return failed
 
 
+def statistics_parameters(c: Campaign, out_dir=None) -> dict:
+    """What the campaign statistics notebook is given: the campaign file and the output root."""
+    return {"campaign": str(c.path), "out_dir": str(out_root(out_dir))}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m replaylib.campaign", description=__doc__.splitlines()[0])
     ap.add_argument("campaign", help="a campaign file, e.g. params/campaign-paper.yaml")
@@ -286,7 +275,7 @@ def main(argv=None) -> int:
             return 0
         todo = {}
         for name, p in c.configs.items():
-            steps = runner.plan(p, [], args.force, out, c.stages_needed(name))
+            steps = runner.stages_to_run(p, [], args.force, out, c.stages_needed(name))
             if steps:
                 todo[name] = steps
     except (ValueError, FileNotFoundError) as e:
@@ -299,9 +288,9 @@ def main(argv=None) -> int:
             verb = "copy from " + shared[(name, stage)] if (name, stage) in shared else "run"
             print(f"[campaign] {c.label}: {name} {stage}: {'would ' + verb if args.dry_run else 'to ' + verb} "
                   f"({reason})")
+    statistics = CampaignDir(c, out)
     if args.dry_run:
-        reason = "configurations rerun" if todo else (statistics_staleness(c, out) or
-                                                      ("forced" if args.force else None))
+        reason = "configurations rerun" if todo else (statistics.staleness() or ("forced" if args.force else None))
         print(f"[campaign] {c.label}: statistics: " + (f"would run ({reason})" if reason else "up to date"))
         return 0
     if todo:
@@ -317,17 +306,17 @@ def main(argv=None) -> int:
         print(f"[campaign] {c.label}: stages done; statistics left for later (python -m replaylib.campaign "
               f"{args.campaign}" + (f" --out {args.out}" if args.out else "") + ")")
         return 0
-    reason = statistics_staleness(c, out) or ("forced" if args.force else None)
+    reason = statistics.staleness() or ("forced" if args.force else None)
     if not reason:
         print(f"[campaign] {c.label}: statistics up to date")
         return 0
-    print(f"[campaign] {c.label}: statistics ({reason})", flush=True)
+    print(f"[campaign] {c.label}: statistics ({reason}); log: {statistics.path / 'run.log'}", flush=True)
     try:
-        output = execute_statistics(c, out)
+        output = runner.execute_dir(statistics, statistics_parameters(c, out), fresh=args.force)
     except Exception as e:  # papermill's error carries the cell's traceback; keep the console to one line
         evalue = str(getattr(e, "evalue", e)).strip().splitlines()
         print(f"error: {c.label} statistics failed: {getattr(e, 'ename', type(e).__name__)}: "
-              f"{evalue[-1] if evalue else ''} (see {out / 'runs' / c.label / (CAMPAIGN.name + '.ipynb')})",
+              f"{evalue[-1] if evalue else ''} (see {statistics.path / (statistics.stage + '.ipynb')})",
               file=sys.stderr)
         return 1
     tdir = tables_dir(c.label, out)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -35,27 +34,16 @@ from tqdm import tqdm
 
 from .core import progress
 from .core.files import atomic_write_json, open_new
-from .core.paths import figures_dir, notebook_path, out_root, tables_dir
-from .runtime.fingerprint import code_fingerprint
+from .core.paths import config_dir, figures_dir, notebook_path, out_root, tables_dir
 from .runtime.locks import LOCK_TOKEN_ENV, StageLock
 from .runtime.params import Params, load
 from .runtime.registry import ALIASES, RUN_ORDER, STAGES
-from .runtime.rundir import (
-    PARAMS_FILE_ENV,
-    StageDir,
-    changed_outputs,
-    execute_notebook,
-    is_done,
-)
-
-
-def notebook(stage: str) -> Path:
-    return notebook_path(stage)
+from .runtime.rundir import PARAMS_FILE_ENV, StageDir, execute_notebook
 
 
 def declared_parameters(stage: str) -> list[str]:
     import papermill
-    return list(papermill.inspect_notebook(str(notebook(stage))).keys())
+    return list(papermill.inspect_notebook(str(notebook_path(stage))).keys())
 
 
 def resolve_stage(name: str) -> str:
@@ -66,45 +54,7 @@ def resolve_stage(name: str) -> str:
     raise ValueError(f"unknown stage '{name}'; stages: {', '.join(STAGES)} (or {', '.join(sorted(ALIASES))})")
 
 
-def staleness(params: Params, stage: str, out_dir) -> str | None:
-    """Why a stage must run, or None when it is up to date."""
-    path = out_root(out_dir) / "runs" / params.config / stage
-    if not (path / "DONE").exists():
-        return "not run yet"
-    if not is_done(params, stage, out_dir):
-        try:
-            recorded = json.loads((path / "params.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            return "no readable params.json"
-        from .runtime.params import task_data_sha256
-        same = {k: getattr(params, k) for k in Params.keys_for(stage) if k != "config"} == \
-            {k: v for k, v in recorded.get("params", {}).items() if k != "config"}
-        moved = any(sha != task_data_sha256(t) for t, sha in recorded.get("data_sha256", {}).items())
-        return "the task's data file changed" if same and moved else "parameters changed"
-    try:
-        manifest = json.loads((path / "manifest.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return "no readable manifest"
-    if manifest.get("code") != code_fingerprint(stage):
-        return "notebook or library code changed"
-    changed = changed_outputs(path, manifest.get("outputs", {}))
-    if changed:
-        return f"its output {changed[0]} changed or went missing since it finished"
-    changed = changed_outputs(out_root(out_dir), manifest.get("products", {}))  # its tables and figures
-    if changed:
-        return f"its product {changed[0]} changed or went missing since it finished"
-    for up in params.data_upstream(stage):
-        try:
-            outputs = json.loads((path.parent / up / "manifest.json").read_text())["outputs"]
-        except (OSError, json.JSONDecodeError, KeyError):
-            return f"upstream {up} has no readable manifest"
-        read = {k.split("/", 1)[1]: v for k, v in manifest.get("inputs", {}).items() if k.startswith(f"{up}/")}
-        if read != outputs:
-            return f"upstream {up} outputs changed since it ran"
-    return None
-
-
-def plan(params: Params, named: list[str], force: bool, out_dir, upto: list[str] | None = None
+def stages_to_run(params: Params, named: list[str], force: bool, out_dir, upto: list[str] | None = None
          ) -> list[tuple[str, str]]:
     """(stage, reason) in order: named stages and what they need, or every stale stage (with upto:
     every stale stage among those stages and what they need, nothing after them)."""
@@ -117,7 +67,7 @@ def plan(params: Params, named: list[str], force: bool, out_dir, upto: list[str]
     def need(stage: str, explicit: bool):
         for up in params.data_upstream(stage):
             need(up, False)
-        reason = staleness(params, stage, out_dir)
+        reason = StageDir(params, stage, out_dir).staleness()
         if any(up in todo for up in params.data_upstream(stage)):
             reason = reason or "upstream reruns"
         if explicit and (named or force):
@@ -184,70 +134,76 @@ class StageLine:
 
 
 def execute(params: Params, stage: str, out_dir, fresh: bool = False, params_file=None) -> Path:
-    """Run one stage's notebook with papermill; returns the executed notebook's path.
+    """Run one stage of a configuration: its notebook given the parameters it declares (execute_dir)."""
+    return execute_dir(StageDir(params, stage, out_dir), notebook_parameters(params, stage, out_dir), fresh,
+                       params_file)
+
+
+def notebook_parameters(params: Params, stage: str, out_dir) -> dict:
+    """The values a stage's notebook declares, from these parameters (its own, ``upstream``, ``out_dir``)."""
+    from .runtime.params import own_keys
+    declared = declared_parameters(stage)
+    missing = [k for k in ["config", "upstream", *own_keys(stage)] if k not in declared]
+    if missing:
+        raise ValueError(f"{notebook_path(stage)}: parameters cell lacks {missing}; "
+                         f"declare them with their defaults")
+    values = {**params.to_dict(), **params.notebook_values(stage), "out_dir": str(out_root(out_dir))}
+    return {k: values[k] for k in declared if k in values}
+
+
+def execute_dir(sd: StageDir, parameters: dict, fresh: bool = False, params_file=None) -> Path:
+    """Run a stage directory's notebook with papermill; returns the executed notebook's path.
 
     The kernel's and papermill's output goes to <stage dir>/run.log; the stage's progress is
     drawn on the terminal (stderr) as one tqdm line. fresh (--force, a named stage): recompute
     everything, reusing no partial result (after checking that its upstream stages can be read:
     a rerun that would be refused deletes nothing)."""
-    from .runtime.params import own_keys
-    declared = declared_parameters(stage)
-    missing = [k for k in ["config", "upstream", *own_keys(stage)] if k not in declared]
-    if missing:
-        raise ValueError(f"{notebook(stage)}: parameters cell lacks {missing}; "
-                         f"declare them with their defaults")
-    stage_dir = out_root(out_dir) / "runs" / params.config / stage
-    stage_dir.mkdir(parents=True, exist_ok=True)
+    sd.path.mkdir(parents=True, exist_ok=True)
     # one runner per stage: held from here to the kernel's end, and handed to the kernel by a token
     token = uuid.uuid4().hex
-    lock = StageLock(out_root(out_dir), params.config, stage).acquire(token)
+    lock = StageLock(out_root(sd.out_dir), sd.config, sd.stage).acquire(token)
     try:
-        if fresh:  # --force or a named stage: recompute everything, reuse no partial result, but
-            sd = StageDir(params, stage, out_dir)  # only once its upstream stages are known to be usable
-            for up in params.data_upstream(stage):
-                sd.check_upstream(up)
+        if fresh:  # only once its upstream stages are known to be usable
+            for name in sd.upstreams():
+                sd.check_upstream(name)
             sd.clear()
-        return _execute(params, stage, out_dir, stage_dir, {LOCK_TOKEN_ENV: token}, params_file)
+        return _execute(sd, parameters, {LOCK_TOKEN_ENV: token}, params_file)
     finally:
         lock.release()
 
 
-def _execute(params: Params, stage: str, out_dir, stage_dir: Path, env: dict, params_file) -> Path:
-    declared = declared_parameters(stage)
-    values = {**params.to_dict(), **params.notebook_values(stage), "out_dir": str(out_root(out_dir))}
-    parameters = {k: values[k] for k in declared if k in values}
-    output = stage_dir / f"{stage}.ipynb"
-    (stage_dir / progress.FILE).unlink(missing_ok=True)
+def _execute(sd: StageDir, parameters: dict, env: dict, params_file) -> Path:
+    output = sd.path / f"{sd.stage}.ipynb"
+    (sd.path / progress.FILE).unlink(missing_ok=True)
     start = time.time()
     # the kernel inherits the environment: no bar of ours, nor the hub's or transformers', inside the notebook
     no_bars = {progress.RUNNER_ENV: "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", **env}
     if params_file:
         no_bars[PARAMS_FILE_ENV] = str(params_file)
-    with mock.patch.dict(os.environ, no_bars), quiet(stage_dir / "run.log") as term:
-        line, stop, failed = StageLine(stage, stage_dir, term), threading.Event(), True
+    with mock.patch.dict(os.environ, no_bars), quiet(sd.path / "run.log") as term:
+        line, stop, failed = StageLine(sd.stage, sd.path, term), threading.Event(), True
         follower = threading.Thread(target=line.follow, args=(stop,), daemon=True)
         follower.start()
         try:
-            off_the_main_thread(lambda: execute_notebook(notebook(stage), output, parameters))
+            off_the_main_thread(lambda: execute_notebook(notebook_path(sd.stage), output, parameters))
             failed = False
         finally:
             stop.set()
             follower.join()
             line.poll(final=True, failed=failed)
             line.bar.close()
-            if params.engine == "vllm":
+            if sd.uses_vllm():
                 stop_leftover_engines()
-    atomic_write_json(stage_dir / "runner.json", {"seconds": round(time.time() - start, 1),
-                                                  "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    atomic_write_json(sd.path / "runner.json", {"seconds": round(time.time() - start, 1),
+                                                "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
     return output
 
 
 def off_the_main_thread(execute) -> None:
     """Run a notebook's execution in a worker thread while the main thread waits, so that Ctrl-C and
-    SIGTERM reach the runner at any moment of a stage. (On the main thread nbclient installs signal
-    handlers of its own while it starts the kernel, and a signal arriving then was consumed: the stage
-    ran on to the end.) On either signal the stage's kernel and what it started are stopped before the
-    interruption goes on to the stop summary."""
+    SIGTERM reach the runner at any moment of a stage: on the main thread, nbclient's own signal handlers,
+    installed while it starts the kernel, would swallow a signal arriving then. On either signal the
+    stage's kernel and what it started are stopped before the interruption goes on to the stop summary."""
     outcome = {}
 
     def work():
@@ -360,11 +316,11 @@ def closing_summary(params: Params, out_dir, ran: list[tuple[str, float]], site_
         lines.append(f"numbers    not available: {e}")
     lines.append(f"tables     {shown(tables_dir(params.config, root))}/ (tab1_main.md is Table 1)")
     lines.append(f"figures    {shown(figures_dir(params.config, root))}/")
-    lines.append(f"stages     {shown(root / 'runs' / params.config)}/<stage>/ (executed notebook, run.log, manifest.json)")
+    lines.append(f"stages     {shown(config_dir(params.config, root))}/<stage>/ (executed notebook, run.log, manifest.json)")
     if site_index:
         lines.append(f"report     {shown(site_index)}")
     else:
-        lines.append(f"report     python -m replaylib.report --html {shown(root / 'runs' / params.config)}")
+        lines.append(f"report     python -m replaylib.report --html {shown(config_dir(params.config, root))}")
     return "\n".join(lines)
 
 
@@ -383,11 +339,11 @@ def main(argv=None) -> int:
     try:
         params = load(args.params)
         named = [resolve_stage(s) for s in args.stages]
-        todo = plan(params, named, args.force, out, [resolve_stage(s) for s in args.upto or []])
+        todo = stages_to_run(params, named, args.force, out, [resolve_stage(s) for s in args.upto or []])
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    runs = out / "runs" / params.config
+    runs = config_dir(params.config, out)
     if args.dry_run:
         for stage, reason in todo:
             print(f"[replaylib] config {params.config}, stage {stage}: would run ({reason})")

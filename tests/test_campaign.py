@@ -17,8 +17,9 @@ from replaylib.analysis import live_vs_published
 from replaylib.analysis.claims import CLAIMS
 from replaylib.core.files import sha256_file
 from replaylib.runtime import campaigns, params
+from replaylib.runtime.campaigns import CampaignDir
 from replaylib.runtime.params import STAGES
-from replaylib.stages import campaign_statistics
+from replaylib.runtime.rundir import StageDir, UpstreamError
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "params" / "campaign-tiny.yaml"
@@ -97,31 +98,53 @@ def test_campaign_writes_its_items_and_records_them(runs):
     assert len(verdicts) == len(CLAIMS) and all(any(v in line for v in marks) for line in verdicts)
     # the tiny model is deterministic on CPU: its batch-invariant row is identical on every channel
     assert "batch-invariant rows: all passes identical on every channel: **holds**" in md
-    manifest = json.loads((out / "runs" / "campaign-tiny" / "manifest.json").read_text())
-    assert set(manifest["inputs"]) == set(campaign_statistics.record_files(campaigns.load(TINY), out))
+    # recorded like any stage: runs/campaign-tiny/06_campaign/ with its key, inputs and products
+    stage = out / "runs" / "campaign-tiny" / "06_campaign"
+    assert (stage / "DONE").exists() and (stage / "06_campaign.ipynb").exists() and (stage / "run.log").exists()
+    assert json.loads((stage / "params.json").read_text())["campaign_sha256"] == sha256_file(TINY)
+    manifest = json.loads((stage / "manifest.json").read_text())
+    assert manifest["stage"] == "06_campaign" and manifest["config"] == "campaign-tiny"
+    records = {f"{n}/03_three_pass_replay/records.parquet" for n in ("tiny-primary", "tiny-screened", "tiny-k4",
+                                                                        "tiny-seed1")}
+    assert records | {"tiny-primary/05_batch_invariant/records.parquet"} <= set(manifest["inputs"])
+    assert all(sha256_file(out / "runs" / ref) == digest for ref, digest in manifest["inputs"].items())
     assert "tables/campaign-tiny/live_vs_published.md" in manifest["products"]
     assert all(sha256_file(out / rel) == digest for rel, digest in manifest["products"].items())
-    assert (out / "runs" / "campaign-tiny" / "06_campaign.ipynb").exists()
+    assert len(manifest["claims"]) >= len(CLAIMS)
 
 
-def test_campaign_statistics_are_stale_aware(runs, capsys):
+def test_campaign_statistics_are_stale_aware(runs, capsys, tmp_path):
     out = runs["local"]
     c = campaigns.load(TINY)
-    assert campaign_statistics.statistics_staleness(c, out) is None
+    assert CampaignDir(c, out).staleness() is None
     assert campaign.main([str(TINY), "--out", str(out), "--dry-run"]) == 0
     said = capsys.readouterr().out
     assert "statistics: up to date" in said and "would run" not in said
     md = out / "tables" / "campaign-tiny" / "live_vs_published.md"
     original = md.read_bytes()
     md.write_bytes(original + b"edited\n")
-    assert "live_vs_published.md changed" in campaign_statistics.statistics_staleness(c, out)
+    assert "live_vs_published.md changed" in CampaignDir(c, out).staleness()
     md.write_bytes(original)
-    records = out / "runs" / "tiny-k4" / "03_three_pass_replay" / "records.parquet"
-    saved = records.read_bytes()
-    records.write_bytes(saved + b"\0")
-    assert campaign_statistics.statistics_staleness(c, out) == "records changed"
-    records.write_bytes(saved)
-    assert campaign_statistics.statistics_staleness(c, out) is None
+    # records changed by hand: their configuration's stage reruns, and the statistics refuse them meanwhile
+    replay = out / "runs" / "tiny-k4" / "03_three_pass_replay"
+    saved = (replay / "records.parquet").read_bytes()
+    (replay / "records.parquet").write_bytes(saved + b"\0")
+    assert "records.parquet changed" in StageDir(c.configs["tiny-k4"], "03_three_pass_replay", out).staleness()
+    with pytest.raises(UpstreamError, match="records.parquet: changed or missing since the stage finished"):
+        CampaignDir(c, out).begin()
+    # records a rerun changed (its manifest says so): the statistics rerun
+    manifest = (replay / "manifest.json").read_bytes()
+    recorded = json.loads(manifest)
+    recorded["outputs"]["records.parquet"] = sha256_file(replay / "records.parquet")
+    (replay / "manifest.json").write_text(json.dumps(recorded))
+    assert CampaignDir(c, out).staleness() == "upstream tiny-k4/03_three_pass_replay outputs changed since it ran"
+    (replay / "records.parquet").write_bytes(saved)
+    (replay / "manifest.json").write_bytes(manifest)
+    assert CampaignDir(c, out).staleness() is None
+    # another campaign file under the same name
+    edited = tmp_path / "campaign-tiny.yaml"
+    edited.write_text(TINY.read_text().replace("bootstrap_draws: 50", "bootstrap_draws: 60"))
+    assert CampaignDir(campaigns.load(edited), out).staleness() == "campaign file changed"
 
 
 def test_executor_values_are_in_no_stage_key():
@@ -235,7 +258,7 @@ def test_published_records_as_live_rows_reproduce_the_claims():
                           configs={}, sources={}, bootstrap_draws=40, concurrent_configs=0)
     claims = live_vs_published.verdicts(c, rows)
     assert [x["verdict"] for x in claims] == ["holds"] * len(CLAIMS), claims
-    table = live_vs_published.compare(c, rows, n_boot=40)
+    table = live_vs_published.comparison_table(c, rows, n_boot=40)
     assert (table.published.fillna(-1) == table.live.fillna(-1)).all()
     measured = table[table.row != "batch-invariant"]
     assert set(measured["published inside"]) == {"yes"}
@@ -266,7 +289,7 @@ def test_claims_are_judged_per_serving_mode():
     assert set(floor) == {"vLLM multiprocess", "vLLM inprocess"}
     assert floor["vLLM multiprocess"]["verdict"] == "holds"
     assert floor["vLLM inprocess"]["verdict"] == "does not hold" and "exactly 0" in floor["vLLM inprocess"]["detail"]
-    md = live_vs_published.comparison_markdown(c, live_vs_published.compare(c, rows, n_boot=10), claims)
+    md = live_vs_published.comparison_markdown(c, live_vs_published.comparison_table(c, rows, n_boot=10), claims)
     assert "### vLLM multiprocess" in md and "### vLLM inprocess" in md
 
 
@@ -304,14 +327,14 @@ def test_a_ray_engine_start_is_logged_in_the_stage(caplog):
         ray.shutdown()
 
 
-def test_a_ray_actor_rebuilds_a_vllm_stage_params():
-    """An actor rebuilds its stage's Params from the driver's values, defaults of other stages
-    included (stop_at_answer: true outside stage 03): a vLLM configuration must still load."""
-    from replaylib.runtime.executor import actor_params
+def test_a_ray_actor_gets_the_stage_params_the_driver_checked():
+    """An actor receives its stage's Params as the driver built them (pickled, never rebuilt), defaults
+    of other stages included (stop_at_answer: true outside stage 03): a vLLM configuration arrives equal."""
+    import pickle
     p = params.load(REPO / "params" / "gpu-embedded.yaml")
     for stage in params.STAGES:
         got = params.from_notebook(p.notebook_values(stage), stage)
-        assert actor_params(got.to_dict()) == got
+        assert pickle.loads(pickle.dumps(got)) == got
 
 
 def test_a_campaign_runs_only_the_stages_it_reads(runs):
@@ -366,7 +389,6 @@ def test_a_copied_stage_is_what_computing_it_gives(runs, tmp_path):
 
 
 def test_a_source_whose_outputs_changed_is_not_copied(runs, tmp_path, capsys):
-    from replaylib.run import staleness
     c = campaigns.load(TINY)
     shutil.copytree(runs["local"] / "runs" / "tiny-screened", tmp_path / "runs" / "tiny-screened")
     shutil.copytree(runs["local"] / "figures" / "tiny-screened", tmp_path / "figures" / "tiny-screened")
@@ -375,10 +397,10 @@ def test_a_source_whose_outputs_changed_is_not_copied(runs, tmp_path, capsys):
     trunks.write_bytes(saved + b"\0")
     assert campaign.copy_shared_stages(c, "tiny-k4", tmp_path) == []
     assert "tiny-k4 01_sampling: not copied from tiny-screened (its outputs changed)" in capsys.readouterr().out
-    assert staleness(c.configs["tiny-k4"], "01_sampling", tmp_path) == "not run yet"
+    assert StageDir(c.configs["tiny-k4"], "01_sampling", tmp_path).staleness() == "not run yet"
     trunks.write_bytes(saved)
     assert campaign.copy_shared_stages(c, "tiny-k4", tmp_path) == list(SHARED)
-    assert all(staleness(c.configs["tiny-k4"], s, tmp_path) is None for s in SHARED)
+    assert all(StageDir(c.configs["tiny-k4"], s, tmp_path).staleness() is None for s in SHARED)
     assert campaign.copy_shared_stages(c, "tiny-k4", tmp_path) == []  # up to date: nothing to copy
 
 

@@ -15,7 +15,7 @@ from replaylib.runtime import params
 from replaylib.stages import pivots, sampling
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = "import sys; from replaylib import params, replay; replay.run(params.make(eval(sys.argv[1])), sys.argv[2])"
+SCRIPT = "import sys; from replaylib.runtime import params; from replaylib.stages import replay; replay.run(params.make(eval(sys.argv[1])), sys.argv[2])"
 
 
 def replay_in_subprocess(overrides: dict, out: Path, kill_after: float | None = None) -> int:

@@ -228,6 +228,7 @@ def test_the_runner_looks_for_leftover_engine_cores_after_vllm_stages_only(tmp_p
 
     from replaylib import run
     from replaylib.runtime import params
+    from replaylib.runtime.rundir import StageDir
     called = []
     monkeypatch.setattr(run, "stop_leftover_engines", lambda: called.append(True))
     monkeypatch.setattr(papermill, "execute_notebook", lambda *a, **k: None)
@@ -235,5 +236,5 @@ def test_the_runner_looks_for_leftover_engine_cores_after_vllm_stages_only(tmp_p
     p = params.make({"config": "reap", "engine": engine, **extra})
     stage_dir = tmp_path / "runs" / "reap" / "02_pivot_mining"
     stage_dir.mkdir(parents=True)
-    run._execute(p, "02_pivot_mining", tmp_path, stage_dir, {}, None)
+    run._execute(StageDir(p, "02_pivot_mining", tmp_path), {}, {}, None)
     assert called == ([True] if reaps else [])

@@ -33,11 +33,12 @@ def test_a_gpu_configuration_on_a_cpu_machine_is_refused(tiny_model_dir):
 
 
 def test_math500_runs_through_sampling_pivots_and_replay(tmp_path, isolated_models):
+    from replaylib.runtime import outputs
     from replaylib.stages import pivots, replay, sampling
     p = params.make({**params.load(paths.REPO / "params" / "tiny.yaml").to_dict(), "task": "math500",
                      "n_problems": 1, "n_rollouts": 2, "max_trunk_tokens": 24, "max_cont_tokens": 8})
     sampling.run(p, tmp_path)
-    trunks, _, problems = sampling.load(p, tmp_path)
+    trunks, _, problems = outputs.load_sampling(p, tmp_path)
     assert problems["kept"] == [0] and set(trunks.correct) <= {0, 1}
     pivots.run(p, tmp_path)
     records = replay.run(p, tmp_path)

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from replaylib.core import files
-from replaylib.run import plan
+from replaylib.run import stages_to_run
 from replaylib.runtime import params, rundir
 from replaylib.runtime.params import STAGES
 
@@ -136,13 +136,13 @@ def test_verify_checks_every_input_against_the_upstream_output(tiny_run, tmp_pat
 
 def test_rerun_is_a_no_op_and_a_change_reruns_only_what_it_invalidates(tiny_run, tmp_path):
     tiny = params.load(REPO / "params" / "tiny.yaml")
-    assert plan(tiny, [], False, tiny_run) == []
+    assert stages_to_run(tiny, [], False, tiny_run) == []
     changed = params.make({**{k: v for k, v in tiny.to_dict().items()}, "bootstrap_draws": 20})
-    assert [s for s, _ in plan(changed, [], False, tiny_run)] == ["04_statistics"]
+    assert [s for s, _ in stages_to_run(changed, [], False, tiny_run)] == ["04_statistics"]
     changed = params.make({**tiny.to_dict(), "k": 3})
-    assert [s for s, _ in plan(changed, [], False, tiny_run)] == ["03_three_pass_replay", "05_batch_invariant",
+    assert [s for s, _ in stages_to_run(changed, [], False, tiny_run)] == ["03_three_pass_replay", "05_batch_invariant",
                                                                    "04_statistics"]
-    assert [s for s, _ in plan(tiny, ["02_pivot_mining"], False, tiny_run)] == ["02_pivot_mining"]
+    assert [s for s, _ in stages_to_run(tiny, ["02_pivot_mining"], False, tiny_run)] == ["02_pivot_mining"]
 
 
 def test_a_stage_refuses_an_upstream_made_with_other_parameters(tiny_run):
@@ -178,8 +178,8 @@ def test_runner_refuses_unknown_parameters_in_one_line(tmp_path):
 def test_upto_runs_only_a_stage_and_what_it_needs(tiny_run, tmp_path):
     tiny = params.load(REPO / "params" / "tiny.yaml")
     fresh = tmp_path / "fresh"
-    assert [s for s, _ in plan(tiny, [], False, fresh, ["03_three_pass_replay"])] == [
+    assert [s for s, _ in stages_to_run(tiny, [], False, fresh, ["03_three_pass_replay"])] == [
         "01_sampling", "02_pivot_mining", "03_three_pass_replay"]
-    assert [s for s, _ in plan(tiny, [], False, fresh, ["05_batch_invariant"])] == ["01_sampling", "05_batch_invariant"]
-    assert plan(tiny, [], False, tiny_run, ["03_three_pass_replay"]) == []  # up to date: nothing, not forced
-    assert [s for s, _ in plan(tiny, [], True, tiny_run, ["02_pivot_mining"])] == ["01_sampling", "02_pivot_mining"]
+    assert [s for s, _ in stages_to_run(tiny, [], False, fresh, ["05_batch_invariant"])] == ["01_sampling", "05_batch_invariant"]
+    assert stages_to_run(tiny, [], False, tiny_run, ["03_three_pass_replay"]) == []  # up to date: nothing, not forced
+    assert [s for s, _ in stages_to_run(tiny, [], True, tiny_run, ["02_pivot_mining"])] == ["01_sampling", "02_pivot_mining"]

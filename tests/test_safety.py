@@ -27,9 +27,9 @@ from replaylib import campaign, report
 from replaylib.analysis import records
 from replaylib.core import files
 from replaylib.measure import data
-from replaylib.run import main, plan
+from replaylib.run import execute_dir, main, stages_to_run
 from replaylib.runtime import campaigns, locks, params, rundir
-from replaylib.stages import campaign_statistics
+from replaylib.runtime.campaigns import CampaignDir
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "params" / "tiny.yaml"
@@ -108,8 +108,8 @@ def test_a_second_runner_on_the_same_stage_stops_at_once(run, capsys):
     and nothing is cleared."""
     records_file = run / REPLAY / "records.parquet"
     before = files.sha256_file(records_file)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; from replaylib "
-                               f"import rundir; locks.StageLock(Path({str(run)!r}), 'tiny', '03_three_pass_replay')"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; from replaylib.runtime "
+                               f"import locks; locks.StageLock(Path({str(run)!r}), 'tiny', '03_three_pass_replay')"
                                ".acquire('theirs'); print('held', flush=True); time.sleep(120)"],
                               cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
@@ -144,8 +144,9 @@ def test_a_relative_out_is_resolved_before_anything_starts(tmp_path, monkeypatch
     assert (tmp_path / "runs/tiny/01_sampling/run.log").exists()
     c = campaigns.load(REPO / "params/campaign-tiny.yaml")
     with pytest.raises(RuntimeError, match="stand-in"):
-        campaign_statistics.execute_statistics(c, ".")
+        execute_dir(CampaignDir(c, "."), campaign.statistics_parameters(c, "."))
     assert given[-1]["out_dir"] == str(tmp_path)
+    assert (tmp_path / "runs/campaign-tiny/06_campaign/run.log").exists()
     commands = []
     monkeypatch.setattr(campaign.subprocess, "run", lambda cmd, **kw: commands.append(cmd) or
                         subprocess.CompletedProcess(cmd, 0))
@@ -491,19 +492,19 @@ def test_the_task_data_file_is_in_the_provenance_chain(run, tmp_path, monkeypatc
     shutil.copy(data.TASKS["gsm8k"][0], copy)
     monkeypatch.setitem(data.TASKS, "gsm8k", (copy,) + data.TASKS["gsm8k"][1:])
     tiny = params.load(TINY)
-    assert plan(tiny, [], False, run) == []  # the same bytes: up to date
+    assert stages_to_run(tiny, [], False, run) == []  # the same bytes: up to date
     lines = copy.read_text().splitlines()
     rec = json.loads(lines[0])
     rec["answer"] = rec["answer"].rsplit("####", 1)[0] + "#### 999999"
     copy.write_text("\n".join([json.dumps(rec)] + lines[1:]) + "\n")
-    assert plan(tiny, [], False, run)[0][0] == "01_sampling"
+    assert stages_to_run(tiny, [], False, run)[0][0] == "01_sampling"
     with pytest.raises(rundir.UpstreamError, match="the task's data file changed since it ran"):
         rundir.StageDir(tiny, "02_pivot_mining", run).check_upstream("01_sampling")
 
 
 def test_a_finished_stage_whose_outputs_changed_is_stale(run):
     (run / "runs/tiny/02_pivot_mining/pivots.parquet").write_bytes(b"changed")
-    todo = dict(plan(params.load(TINY), [], False, run))
+    todo = dict(stages_to_run(params.load(TINY), [], False, run))
     assert todo["02_pivot_mining"] == "its output pivots.parquet changed or went missing since it finished"
 
 
@@ -511,7 +512,7 @@ def test_an_edited_product_makes_the_statistics_stale(run):
     """Table 1 and the figures are stage 04's outputs like any other: editing one reruns it."""
     table1 = run / "tables/tiny/tab1_main.csv"
     table1.write_text(table1.read_text().replace("tiny", "tiny (edited)"))
-    assert dict(plan(params.load(TINY), [], False, run)) == {
+    assert dict(stages_to_run(params.load(TINY), [], False, run)) == {
         "04_statistics": "its product tables/tiny/tab1_main.csv changed or went missing since it finished"}
 
 
@@ -803,8 +804,8 @@ def test_only_the_runner_holding_the_lock_replaces_a_finished_stage(run, monkeyp
 def test_the_lock_file_does_not_give_away_the_runners_token(run):
     """The lock file is readable by anyone who can read the run: it records the token's sha256, so the
     token handed to the stage's kernel cannot be read from it to take the stage."""
-    holder = subprocess.Popen([sys.executable, "-c", "import time; from pathlib import Path; from replaylib import "
-                               f"rundir; locks.StageLock(Path({str(run)!r}), 'tiny', '03_three_pass_replay')"
+    holder = subprocess.Popen([sys.executable, "-c", "import time; from pathlib import Path; from replaylib.runtime import "
+                               f"locks; locks.StageLock(Path({str(run)!r}), 'tiny', '03_three_pass_replay')"
                                ".acquire('the-runners-secret'); print('held', flush=True); time.sleep(120)"],
                               cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:

@@ -224,9 +224,9 @@ def test_worked_examples_choose_the_pivot_and_find_sign_changes():
 
 def test_continuation_texts_are_shown_when_the_records_keep_their_tokens(tiny_run):
     out, _ = tiny_run
-    from replaylib.stages import replay, sampling
+    from replaylib.runtime import outputs
     tiny = load(REPO / "params" / "tiny.yaml")
-    records, (trunks, _, _) = replay.load(tiny, out), sampling.load(tiny, out)
+    records, (trunks, _, _) = outputs.load_replay(tiny, out), outputs.load_sampling(tiny, out)
     record = records.iloc[0].copy()
     passes = examples.passes_of(records)
     # this package's records keep every pass's continuation tokens: the texts regrade to the recorded wins

@@ -11,12 +11,12 @@ import numpy as np
 import pandas as pd
 
 from ..core.paths import PAPER_RECORDS
-from ..runtime.params import Params
 from . import records as rec
 from . import stats, stats_extras
 
 if TYPE_CHECKING:
     from ..runtime.campaigns import Campaign, Row
+    from ..runtime.params import Params
 
 QUANTITIES = stats.TABLE1_QUANTITIES
 
@@ -27,20 +27,41 @@ def quantities(df: pd.DataFrame) -> dict:
     return {k: q[k] for k in QUANTITIES}
 
 
-def bootstrap_quantities(df: pd.DataFrame, n_boot: int, seed: int = 0) -> dict:
-    """95% percentile intervals of every quantity, resampling problems with replacement (``stats_extras``'s
-    one bootstrap; a problem drawn twice counts as two clusters)."""
-    return stats_extras.table1_intervals(df, n_boot, seed)
+def live_frame(df: pd.DataFrame, p: Params) -> pd.DataFrame:
+    """One configuration's records in a campaign: the protocol they recorded, with the configuration's
+    cohort settings, as the frame's config."""
+    config = next(iter(df.attrs["configs"].values())) or {}
+    df.attrs["configs"] = {p.config: {**config, "screen_mixed": p.screen_mixed, "scan_start": p.problem_start}}
+    return df
 
 
-def compare(c: Campaign, rows: dict, n_boot: int) -> pd.DataFrame:
+def live_rows(c: Campaign, replay, invariant: pd.DataFrame) -> dict:
+    """{label: records}: every row's configurations' replay records (``replay(config)``) pooled as listed
+    (deduplicated), then the batch-invariant row."""
+    rows = {r.label: rec.pool([live_frame(replay(n), c.configs[n]) for n in r.configs]) for r in c.rows}
+    rows[c.invariant.label] = live_frame(invariant, c.configs[c.invariant.configs[0]])
+    return rows
+
+
+def figures(c: Campaign, rows: dict, replay) -> dict:
+    """Figures 1-3 of the live rows: {name: ((fig, ax), data frame it plots)}; Figure 3 pools its
+    configurations' replay records (``replay(config)``) undeduplicated, beside the batch-invariant row."""
+    from . import plotting
+    main, inv = rows[c.figure1], rows[c.invariant.label]
+    fig3 = pd.concat([live_frame(replay(n), c.configs[n]) for n in c.figure3], ignore_index=True)
+    return {"fig1_quadrants": (plotting.fig1_quadrants(main, label=c.figure1), plotting.fig1_data(main)),
+            "fig2_configs": (plotting.fig2_configs(rows), plotting.fig2_data(rows)),
+            "fig3_logprob_ecdf": (plotting.fig3_logprob_ecdf(fig3, inv), plotting.fig3_data(fig3, inv))}
+
+
+def comparison_table(c: Campaign, rows: dict, n_boot: int) -> pd.DataFrame:
     """Every Table 1 quantity of every row: published (from data/paper-records), live, its 95%
     problem-bootstrap interval, and whether the published value lies inside."""
     out = []
     for row in c.rows + [c.invariant]:
         published = quantities(rec.load_paper_row(row.published, PAPER_RECORDS))
         live = quantities(rows[row.label])
-        ci = bootstrap_quantities(rows[row.label], n_boot)
+        ci = stats_extras.table1_intervals(rows[row.label], n_boot)
         for q in QUANTITIES:
             pub, val, iv = published[q], live[q], ci[q]
             inside = None if pub is None or iv is None else bool(iv[0] - 1e-9 <= pub <= iv[1] + 1e-9)

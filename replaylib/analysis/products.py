@@ -42,6 +42,25 @@ def published_inputs(root=PAPER_RECORDS) -> dict:
             "main_label": "Pooled main configuration", "fig3": fig3, "invariant": rows["batch-invariant"]}
 
 
+def with_settings(df: pd.DataFrame, label: str, params, batch_invariant: bool) -> pd.DataFrame:
+    """A run's records with its settings as their config (Table 1's model, K and temperature, the cohort)."""
+    df.attrs["configs"] = {label: {"model": params.model, "k": params.k, "cont_temp": params.cont_temperature,
+                                   "temperature": params.temperature, "problems": int(df.problem_id.nunique()),
+                                   "screen_mixed": params.screen_mixed, "scan_start": params.problem_start,
+                                   "batch_invariant": batch_invariant}}
+    return df
+
+
+def run_inputs(params, main: pd.DataFrame, invariant: pd.DataFrame, layer_profile: pd.DataFrame | None) -> dict:
+    """A configuration's inputs: its replay records and its batch-invariant run (stage 5), each with the
+    run's settings, and its layer profile where it has one."""
+    main = with_settings(main, params.config, params, False)
+    invariant = with_settings(invariant, f"{params.config} batch-invariant", params, True)
+    rows = {params.config: main, f"{params.config} batch-invariant": invariant}
+    return {"rows": rows, "runs": {label: {"records": df} for label, df in rows.items()}, "cohorts": None,
+            "main": main, "main_label": params.config, "fig3": main, "invariant": invariant,
+            "layer_profile": layer_profile}
+
 def figures(inputs: dict) -> dict:
     """Every figure of the stage: {name: ((fig, ax), data frame it plots)}."""
     main, rows = inputs["main"], inputs["rows"]

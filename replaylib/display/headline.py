@@ -5,7 +5,7 @@ import json
 
 import pandas as pd
 
-from ..core.paths import out_root, tables_dir
+from ..core.paths import out_root, stage_dir, tables_dir
 from .worked_examples import TABLE1_SHORT
 
 PAPER = "paper"            # the published records' configuration (params/paper.yaml)
@@ -86,7 +86,7 @@ def claims_table(config: str, out_dir=None) -> pd.DataFrame | None:
 
 
 def summary_json(config: str, out_dir=None) -> dict:
-    path = out_root(out_dir) / "runs" / config / "04_statistics" / "summary.json"
+    path = stage_dir(config, "04_statistics", out_dir) / "summary.json"
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing; run the statistics stage: "
                                 f"python -m replaylib.run params/{config}.yaml 04")
@@ -123,7 +123,7 @@ def table1_beside_paper(config: str, out_dir=None) -> pd.DataFrame:
 def invariant_verdict(config: str, out_dir=None) -> str:
     """The batch-invariant confirmation in words, from stage 5's invariant.json (or the paper's row)."""
     root = out_root(out_dir)
-    path = root / "runs" / config / "05_batch_invariant" / "invariant.json"
+    path = stage_dir(config, "05_batch_invariant", root) / "invariant.json"
     if path.exists():
         r = json.loads(path.read_text())
         verdict = "all passes identical on every channel" if r.get("all_identical") else "passes DIFFER"
@@ -165,7 +165,7 @@ def headline_block(config: str, out_dir=None) -> list[str]:
 def exactness_sentence(config: str, out_dir=None) -> str | None:
     """How the replay's pivots resumed their decode-time state, and how many were excluded (stage 3's
     manifest); None where the run has no replay stage (the published records)."""
-    path = out_root(out_dir) / "runs" / config / "03_three_pass_replay" / "manifest.json"
+    path = stage_dir(config, "03_three_pass_replay", out_dir) / "manifest.json"
     if not path.exists():
         return None
     m = json.loads(path.read_text())

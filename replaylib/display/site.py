@@ -33,12 +33,14 @@ from pathlib import Path
 import pandas as pd
 
 from ..analysis.records import check_columns
-from ..core.paths import out_root
+from ..core.paths import config_dir, out_root
 from ..core.text import short
+from ..runtime import outputs
 from ..runtime.params import make
 from ..runtime.registry import RUN_ORDER
 from ..runtime.registry import stage as stage_entry
 from ..runtime.rundir import changed_outputs
+from . import headline
 from . import worked_examples as examples
 
 STYLE = """
@@ -164,7 +166,7 @@ def stage_numbers(stage: str, d: Path, summary: dict | None) -> str:
                 f"channel: {_value(r, 'all_identical', (bool,), d / 'invariant.json', '-')}" if r else "-")
     if stage == "04_statistics" and summary:
         with reading(d / "summary.json"):
-            return examples.headline_sentence(summary["main"])
+            return headline.headline_sentence(summary["main"])
     return "-"
 
 
@@ -185,7 +187,7 @@ def products(runs: Path, root: Path, config: str) -> tuple[list[Path], list[Path
 def build(config: str, out_dir=None, example_pivot: int | None = None) -> Path:
     """Build site/<config>/ from runs/<config>/ and the products its statistics stage lists; returns index.html."""
     root = out_root(out_dir)
-    runs = root / "runs" / config
+    runs = config_dir(config, root)
     done = [s for s in RUN_ORDER if (runs / s / "DONE").exists()]
     if not done:
         raise FileNotFoundError(f"{runs}: no finished stage; run the stages first: "
@@ -230,15 +232,15 @@ def build(config: str, out_dir=None, example_pivot: int | None = None) -> Path:
         summary_path = runs / "04_statistics" / "summary.json"
         summary = _read_json(summary_path)
         with reading(summary_path):
-            parts.append(f'<p class="headline">{html.escape(examples.headline_sentence(summary["main"]))}</p>')
+            parts.append(f'<p class="headline">{html.escape(headline.headline_sentence(summary["main"]))}</p>')
         parts.append("<h2>Table 1</h2>")
-        if config != examples.PAPER and examples.paper_row(root) is None:
+        if config != headline.PAPER and headline.paper_row(root) is None:
             parts.append('<p class="note">The paper\'s row appears here once the published records are '
                          "recomputed: <code>python -m replaylib.run params/paper.yaml</code>.</p>")
         with reading(runs / "04_statistics"):
-            parts.append(table_html(examples.table1_beside_paper(config, root), classes="table1"))
-            parts.append(f"<p>Batch-invariant: {html.escape(examples.invariant_verdict(config, root))}</p>")
-            claims = examples.claims_table(config, root)
+            parts.append(table_html(headline.table1_beside_paper(config, root), classes="table1"))
+            parts.append(f"<p>Batch-invariant: {html.escape(headline.invariant_verdict(config, root))}</p>")
+            claims = headline.claims_table(config, root)
         if claims is not None:
             parts.append("<h2>The paper's claims, on this run's records</h2>")
             parts.append(table_html(claims, classes="claims"))
@@ -321,20 +323,18 @@ def worked_examples(P, root: Path, runs: Path, done: list[str], example_pivot: i
     """The notebooks' worked examples, for the stages this run has."""
     if "01_sampling" not in done:
         return []
-    from ..stages import pivots as pivot_stage
-    from ..stages import replay, sampling
     out = ["<h2>Worked examples</h2>"]
     pieces = examples.token_pieces(P.model)
-    trunks, _, _ = sampling.load(P, root)
+    trunks, _, _ = outputs.load_sampling(P, root)
     trunk = examples.example_trunk(trunks, P.margin_threshold)
     out += ["<h3>One trunk and its margins (stage 1)</h3>", examples.trunk_html(trunk, pieces, P.margin_threshold)]
     if "02_pivot_mining" in done:
-        pivots = pivot_stage.load(P, root)
+        pivots = outputs.load_pivots(P, root)
         out += ["<h3>Every pivot in context (stage 2)</h3>",
                 table_html(examples.pivots_in_context(pivots, trunks, pieces))]
     if "03_three_pass_replay" not in done:
         return out
-    records = replay.load(P, root)
+    records = outputs.load_replay(P, root)
     if not len(records):
         return out + ["<p>The replay stage found no pivot to replay.</p>"]
     passes = examples.passes_of(records)
@@ -351,8 +351,7 @@ def worked_examples(P, root: Path, runs: Path, done: list[str], example_pivot: i
             "<h4>First-token logprob deltas of the greedy probes, against exact1</h4>",
             table_html(examples.first_token_deltas(records))]
     if "05_batch_invariant" in done:
-        from ..stages import invariant
-        inv = invariant.load(P, root)
+        inv = outputs.load_invariant(P, root)
         if len(inv):
             row = inv.iloc[examples.invariant_example(inv, chosen)]
             same = examples.identical_in_every_pass(row, examples.passes_of(inv))

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..core.paths import stage_dir
+
 CONTINUATIONS = "continuations_{}"  # optional records column: JSON {arm: [[token ids] x K]} per pass
 
 
@@ -215,9 +217,8 @@ def first_token_deltas(records: pd.DataFrame) -> pd.DataFrame:
 
 def replay_records(params, out_dir=None) -> pd.DataFrame | None:
     """Stage 3's records when it has finished, else None (the batch-invariant stage can run beside it)."""
-    from ..runtime.rundir import StageDir
-    from ..stages.replay import STAGE, load
-    return load(params, out_dir) if (StageDir(params, STAGE, out_dir).path / "DONE").exists() else None
+    from ..runtime import outputs
+    return outputs.load_replay(params, out_dir) if outputs.replay_finished(params, out_dir) else None
 
 
 def invariant_example(inv: pd.DataFrame, chosen: pd.Series | None) -> int:
@@ -239,7 +240,13 @@ def identical_in_every_pass(record: pd.Series, passes: list[str]) -> bool:
 
 def gold_of(params, out_dir, problem_id: int) -> str:
     """A problem's gold answer as the sampling stage recorded it (problems.json)."""
-    from ..runtime.rundir import StageDir
-    path = StageDir(params, "01_sampling", out_dir).path / "problems.json"
+    path = stage_dir(params.config, "01_sampling", out_dir) / "problems.json"
     scanned = json.loads(path.read_text())["scanned"]
     return next(str(p["gold"]) for p in scanned if p["problem_id"] == problem_id)
+
+
+def pivots_per_problem(pivots: pd.DataFrame, trunks: pd.DataFrame) -> pd.DataFrame:
+    """Pivots per problem: trunks, trunk accuracy, pivots, mean margin."""
+    per = trunks.groupby("problem_id").agg(trunks=("rollout", "size"), trunk_accuracy=("correct", "mean"))
+    piv = pivots.groupby("problem_id").agg(pivots=("pivot_id", "size"), mean_margin=("margin", "mean"))
+    return per.join(piv).fillna({"pivots": 0}).astype({"pivots": int})

@@ -8,7 +8,7 @@ import pandas as pd
 from ..core import progress
 from . import mining, sampling
 from .grading import grade
-from .replay import build_jobs, replay_problem
+from .replay import build_jobs, replay_problem, typed
 from .seeds import trunk_seed
 
 log = logging.getLogger("replaylib")
@@ -61,3 +61,12 @@ def invariant_unit(engine, params, chosen: list[tuple], stage_dir=None) -> tuple
     if bar is not None:
         bar.close()
     return engine.describe(), records
+
+
+def stage_outputs(described: dict, records: list[dict], params) -> tuple[pd.DataFrame, dict]:
+    """The batch-invariant stage's records (typed, naming the configuration in invariant mode) and its
+    report (invariant.json: the engine and the passes' agreement)."""
+    frame = pd.DataFrame(records)
+    frame["config"] = f"{params.config} (invariant)"
+    frame = typed(frame)
+    return frame, {"engine": described, **agreement(frame, params.passes)}

@@ -178,3 +178,17 @@ def replay_unit(engine, params, pid: int, group: pd.DataFrame, trunks: pd.DataFr
     frame = typed(pd.DataFrame(replay_problem(engine, jobs, group, state, verified, gold, params, seconds=seconds)))
     profile = pd.DataFrame(engine.layer_profile(jobs, state)) if params.layer_profile else None
     return frame, profile, seconds
+
+
+def by_problem(pivots: pd.DataFrame, read) -> pd.DataFrame:
+    """The per-problem frames ``read(problem_id)`` stacked in the order the problems first appear among the
+    pivots."""
+    return pd.concat([read(pid) for pid in pivots.problem_id.unique()], ignore_index=True)
+
+
+def stage_records(pivots: pd.DataFrame, read, config: str) -> pd.DataFrame:
+    """The replay stage's records: its problems' shards (``read(problem_id)``) in pivot order, each record
+    naming the configuration."""
+    records = by_problem(pivots, read)
+    records["config"] = config
+    return records

@@ -1,6 +1,8 @@
 """Sampling trunks."""
 from __future__ import annotations
 
+import pandas as pd
+
 from .grading import grade
 from .seeds import trunk_seed
 
@@ -72,3 +74,43 @@ def sample_batch(engine, params, batch: list[tuple]) -> tuple[dict, dict | None]
         out[pid] = {"prompt": prompts[pid], "trunks": trunks[pid], "texts": texts,
                     "correct": [grade(text, gold, params.task) for text in texts]}
     return out, state
+
+
+class Screen:
+    """The difficulty screen and the trunk table, problem by problem in the order sampled: a problem is kept
+    while fewer than n_problems are, and (with screen_mixed) only if its trunk accuracy is neither 0 nor 1;
+    every scanned problem's trunks are rows of the table, marked kept or not."""
+
+    def __init__(self, params, problems):
+        self.params, self.problems = params, problems  # problems: the task's, by problem id
+        self.kept, self.rows, self.scanned = [], [], []
+
+    def add(self, sampled: dict) -> list[int]:
+        """One batch's sampled problems ({pid: prompt, trunks, correct, texts}); returns those kept."""
+        kept = []
+        for pid, got in sampled.items():
+            accuracy = sum(got["correct"]) / len(got["correct"])
+            keep = len(self.kept) < self.params.n_problems and (not self.params.screen_mixed or 0 < accuracy < 1)
+            self.scanned.append({"problem_id": pid, "gold": self.problems[pid].gold, "trunk_accuracy": accuracy,
+                                 "kept": keep, "prompt_tokens": len(got["prompt"])})
+            for t, ok, text in zip(got["trunks"], got["correct"], got["texts"]):
+                self.rows.append(trunk_row(t, kept=keep, text=text, correct=ok))
+            if keep:
+                self.kept.append(pid)
+                kept.append(pid)
+        return kept
+
+    def trunks(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows)
+
+    def accuracy(self) -> pd.DataFrame:
+        return pd.DataFrame(self.scanned)
+
+    def problem_list(self) -> dict:
+        """problems.json: the kept problems in order, and every scanned one."""
+        return {"kept": self.kept, "scanned": self.scanned}
+
+
+def engine_record(info: dict) -> dict:
+    """engine.json: the engine's description, then its stop and special ids and block size."""
+    return {**info["engine"], **{k: v for k, v in info.items() if k != "engine"}}

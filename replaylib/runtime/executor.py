@@ -73,21 +73,14 @@ def _crash_for(label: str, attempt: int) -> bool:
     return bool(want) and (want == f"{label}!" or (want == label and attempt == 0))
 
 
-def actor_params(overrides: dict) -> Params:
-    """The stage's Params, rebuilt in an actor. The driver checked them; a stage's Params hold
-    defaults for the keys outside it, which the checks that combine keys must not judge."""
-    from .params import make
-    return make(overrides, where="ray actor", scope=())
-
-
 def _actor_class():
     import ray
 
     @ray.remote(max_restarts=0, max_task_retries=0)
     class EngineActor:
-        def __init__(self, overrides: dict, invariant: bool):
+        def __init__(self, params: Params, invariant: bool):
             t0 = time.monotonic()
-            self.engine = make_engine(actor_params(overrides), invariant=invariant, lifecycle=EngineProcesses())
+            self.engine = make_engine(params, invariant=invariant, lifecycle=EngineProcesses())  # the driver's Params
             self.start_s = time.monotonic() - t0
 
         def ready(self) -> tuple[str, int, float]:
@@ -203,7 +196,7 @@ class RayExecutor:
                        [str(REPO)] + [p for p in [os.environ.get("PYTHONPATH", "")] if p])}}}
         actor = _actor_class()
         self.config, self.on_gpu, self.where = params.config, on_gpu, {}
-        self._new_actor = lambda: actor.options(**options).remote(params.to_dict(), invariant)
+        self._new_actor = lambda: actor.options(**options).remote(params, invariant)
         n = workers or params.ray_workers
         try:
             if on_gpu:  # one engine start at a time (see the module's docstring)

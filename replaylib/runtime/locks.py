@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from ..core.files import FILE_MODE
+from ..core.paths import config_dir
 
 
 class StageBusy(RuntimeError):
@@ -31,7 +32,7 @@ class StageLock:
     sha256, so reading the file gives no one the token."""
 
     def __init__(self, root: Path, config: str, stage: str):
-        self.path = root / "runs" / config / ".locks" / f"{stage}.lock"
+        self.path = config_dir(config, root) / ".locks" / f"{stage}.lock"
         self.config, self.stage, self.fd = config, stage, None
         self.handed = False  # held for us by the runner that started this process
 

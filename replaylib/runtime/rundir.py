@@ -35,7 +35,7 @@ from ..core.files import (
     atomic_write_json,
     sha256_file,
 )
-from ..core.paths import DEFAULT_OUT, PARAMS, REPO, out_root
+from ..core.paths import DEFAULT_OUT, PARAMS, REPO, config_dir, out_root, stage_dir
 from .fingerprint import code_fingerprint
 from .locks import LOCK_TOKEN_ENV, StageLock
 from .params import Params
@@ -201,7 +201,7 @@ def find_stage_elsewhere(params: Params, stage: str, out_dir=None, exclude: str 
     """A finished, unchanged stage with the key `params` asks for, under another configuration's name
     (the first one in name order) and made by this user (made_here), so that a renamed run can start
     from it."""
-    runs = out_root(out_dir) / "runs"
+    runs = config_dir(params.config, out_dir).parent
     key = params.stage_key(stage)
     for candidate in sorted(runs.glob(f"*/{stage}")) if runs.is_dir() else []:
         if candidate.parent.name == exclude or not (candidate / "DONE").exists():
@@ -222,49 +222,115 @@ class StageDir:
     """One stage's output directory for one configuration."""
 
     def __init__(self, params: Params, stage: str, out_dir=None):
-        assert stage in STAGES, stage
-        self.params, self.stage = params, stage
-        self.out_dir = out_dir
-        self.root = out_root(out_dir) / "runs" / params.config
-        self.path = self.root / stage
+        self.params = params
+        self._open(params.config, stage, out_dir)
+
+    def _open(self, config: str, stage: str, out_dir) -> None:
+        stage_entry(stage)  # a registered stage
+        self.config, self.stage, self.out_dir = config, stage, out_dir
+        self.root, self.path = config_dir(self.config, out_dir), stage_dir(self.config, stage, out_dir)
         self.lock = None
-        self.key = params.stage_key(stage)
+        self.key = self.stage_key()
         self.inputs: dict[str, str] = {}
         self.started = time.time()
         self.resume_key: str | None = None
 
+    # -- what defines the stage (a campaign's statistics define their own: runtime.campaigns.CampaignDir)
+    def stage_key(self) -> str:
+        return self.params.stage_key(self.stage)
+
+    def upstreams(self) -> dict[str, "StageDir"]:
+        """The stages whose outputs this one reads, by the name its manifest's inputs give them."""
+        return {s: StageDir(self.params, s, self.out_dir) for s in self.params.data_upstream(self.stage)}
+
+    def recorded_params(self) -> dict:
+        """params.json: what the key is made of."""
+        from .params import task_data_sha256
+        return {"stage": self.stage, "key": self.key, "config": self.config,
+                "params": {k: getattr(self.params, k) for k in Params.keys_for(self.stage)},
+                "data_sha256": {self.params.task: task_data_sha256(self.params.task)}}
+
+    def why_key_differs(self, recorded: dict) -> str:
+        """Why a finished stage's recorded key (params.json) is not this one's, in a few words."""
+        from .params import task_data_sha256
+        same = {k: getattr(self.params, k) for k in Params.keys_for(self.stage) if k != "config"} == \
+            {k: v for k, v in recorded.get("params", {}).items() if k != "config"}
+        moved = any(sha != task_data_sha256(t) for t, sha in recorded.get("data_sha256", {}).items())
+        return "the task's data file changed" if same and moved else "parameters changed"
+
+    def rerun_command(self) -> str:
+        return rerun_command(self.params, self.stage, self.out_dir)
+
+    def uses_vllm(self) -> bool:
+        """Whether its kernel may leave a vLLM engine core behind (the runner then looks for one)."""
+        return self.params.engine == "vllm"
+
     # -- reading other stages
     def upstream(self, stage: str) -> Path:
-        return self.root / stage
+        return stage_dir(self.config, stage, self.out_dir)
 
-    def check_upstream(self, stage: str) -> Path:
+    def check_upstream(self, name: str) -> Path:
         """Refuse an upstream stage that is unfinished, made with other parameters, or modified."""
-        path = self.upstream(stage)
-        fix = rerun_command(self.params, stage, self.out_dir)
+        up = self.upstreams()[name]
+        path, fix = up.path, up.rerun_command()
         if not (path / "DONE").exists():
             raise UpstreamError(f"{path}: stage not finished (no DONE); run it first: {fix}")
         recorded = json.loads((path / "params.json").read_text())
-        want = self.params.stage_key(stage)
-        if recorded.get("key") != want:
-            raise UpstreamError(f"{path}: made with other parameters ({self.differences(recorded, stage)}); "
+        if recorded.get("key") != up.key:
+            raise UpstreamError(f"{path}: made with other parameters ({up.differences(recorded)}); "
                                 f"rerun it: {fix}")
         outputs = json.loads((path / "manifest.json").read_text()).get("outputs", {})
         changed = changed_outputs(path, outputs)
         if changed:
             raise UpstreamError(f"{path / changed[0]}: changed or missing since the stage finished; rerun it: {fix}")
-        self.inputs.update({f"{stage}/{rel}": digest for rel, digest in outputs.items()})
+        self.inputs.update({f"{name}/{rel}": digest for rel, digest in outputs.items()})
         return path
 
-    def changed_values(self, recorded: dict, stage: str) -> dict:
-        """The parameters whose value differs between a stage's recorded params.json and these."""
+    def staleness(self) -> str | None:
+        """Why the stage must run, or None when it is up to date: not finished, another key, other code,
+        its outputs or products changed since it finished, or its upstream stages' outputs are not the
+        ones it read."""
+        if not (self.path / "DONE").exists():
+            return "not run yet"
+        try:
+            recorded = json.loads((self.path / "params.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return "no readable params.json"
+        if recorded.get("key") != self.key:
+            return self.why_key_differs(recorded)
+        try:
+            manifest = json.loads((self.path / "manifest.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return "no readable manifest"
+        if manifest.get("code") != code_fingerprint(self.stage):
+            return "notebook or library code changed"
+        changed = changed_outputs(self.path, manifest.get("outputs", {}))
+        if changed:
+            return f"its output {changed[0]} changed or went missing since it finished"
+        changed = changed_outputs(out_root(self.out_dir), manifest.get("products", {}))  # its tables and figures
+        if changed:
+            return f"its product {changed[0]} changed or went missing since it finished"
+        for name, up in self.upstreams().items():
+            try:
+                outputs = json.loads((up.path / "manifest.json").read_text())["outputs"]
+            except (OSError, json.JSONDecodeError, KeyError):
+                return f"upstream {name} has no readable manifest"
+            read = {k.removeprefix(f"{name}/"): v for k, v in manifest.get("inputs", {}).items()
+                    if k.startswith(f"{name}/")}
+            if read != outputs:
+                return f"upstream {name} outputs changed since it ran"
+        return None
+
+    def changed_values(self, recorded: dict) -> dict:
+        """The parameters whose value differs between this stage's recorded params.json and these."""
         theirs = recorded.get("params", {})
-        return {k: (theirs.get(k), getattr(self.params, k)) for k in Params.keys_for(stage)
+        return {k: (theirs.get(k), getattr(self.params, k)) for k in Params.keys_for(self.stage)
                 if k != "config" and theirs.get(k) != getattr(self.params, k)}
 
-    def differences(self, recorded: dict, stage: str) -> str:
-        """What differs between a stage's recorded params.json and these parameters, in words."""
+    def differences(self, recorded: dict) -> str:
+        """What differs between this stage's recorded params.json and these parameters, in words."""
         from .params import task_data_sha256
-        diff = [f"{k}: {a!r} there, {b!r} here" for k, (a, b) in self.changed_values(recorded, stage).items()]
+        diff = [f"{k}: {a!r} there, {b!r} here" for k, (a, b) in self.changed_values(recorded).items()]
         if any(sha != task_data_sha256(task) for task, sha in recorded.get("data_sha256", {}).items()):
             diff.append("the task's data file changed since it ran")
         return "; ".join(diff) or "its key differs: made by another version of replaylib"
@@ -294,18 +360,18 @@ class StageDir:
             return
         if recorded.get("key") == self.key:
             return
-        changed = self.changed_values(recorded, self.stage)
+        changed = self.changed_values(recorded)
         suffix = "".join(f"-{k}{b}" for k, (_, b) in list(changed.items())[:1]) or "-2"
         new_name = re.sub(r"[^A-Za-z0-9._-]", "_", f"{self.params.config}{suffix}")
         raise UpstreamError(
-            f"{self.path}: holds a finished {self.stage} made with other parameters ({self.differences(recorded, self.stage)}); "
+            f"{self.path}: holds a finished {self.stage} made with other parameters ({self.differences(recorded)}); "
             f"to keep it, give this run its own name (config = '{new_name}' in the parameters cell, or -p config "
             f"{new_name} with papermill: the stages it shares are copied); to replace it, rerun it with the "
             f"runner: {rerun_command(self.params, self.stage, self.out_dir)}")
 
     # -- writing this stage
     def begin(self) -> "StageDir":
-        self.lock = StageLock(self.root.parent.parent, self.params.config, self.stage).acquire(
+        self.lock = StageLock(out_root(self.out_dir), self.config, self.stage).acquire(
             os.environ.get(LOCK_TOKEN_ENV), reentrant=True)
         try:
             self._refuse_replacing()
@@ -317,8 +383,8 @@ class StageDir:
 
     def _begin(self) -> None:
         self._copy_missing_upstream()
-        for stage in self.params.data_upstream(self.stage):
-            self.check_upstream(stage)
+        for name in self.upstreams():
+            self.check_upstream(name)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -345,11 +411,7 @@ class StageDir:
             # anything here was made from other parameters, inputs or code: never reuse it
             self.clear()
             atomic_write_json(self.path / RESUME_FILE, {"resume_key": self.resume_key, "shards": {}})
-        from .params import task_data_sha256
-        atomic_write_json(self.path / "params.json", {
-            "stage": self.stage, "key": self.key, "config": self.params.config,
-            "params": {k: getattr(self.params, k) for k in Params.keys_for(self.stage)},
-            "data_sha256": {self.params.task: task_data_sha256(self.params.task)}})
+        atomic_write_json(self.path / "params.json", self.recorded_params())
 
     def clear(self) -> None:
         """Remove every result in the stage directory (the executed notebook and logs stay). DONE goes
@@ -391,7 +453,7 @@ class StageDir:
 
     def finish(self, outputs: list[str], extra: dict | None = None) -> dict:
         manifest = {
-            "stage": self.stage, "config": self.params.config, "key": self.key,
+            "stage": self.stage, "config": self.config, "key": self.key,
             "git": git_state(), "versions": versions(), "device": device_info(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.started)),
             "elapsed_s": round(time.time() - self.started, 1),
@@ -401,8 +463,9 @@ class StageDir:
             **(extra or {}),
         }
         manifest["origin"] = origin(manifest)
-        write_finished(self.path, manifest)
-        if getattr(self, "lock", None) is not None:
+        atomic_write_json(self.path / "manifest.json", manifest)
+        atomic_write_bytes(self.path / "DONE", (time.strftime("%Y-%m-%dT%H:%M:%S") + "\n").encode())
+        if self.lock is not None:
             self.lock.release()
         return manifest
 
@@ -413,12 +476,6 @@ def remove_links(directory: Path) -> None:
         for name in dirs + files:
             if os.path.islink(os.path.join(where, name)):
                 os.unlink(os.path.join(where, name))
-
-
-def write_finished(path: Path, manifest: dict) -> None:
-    """A finished stage (or a campaign's statistics): the manifest, then DONE, written last."""
-    atomic_write_json(path / "manifest.json", manifest)
-    atomic_write_bytes(path / "DONE", (time.strftime("%Y-%m-%dT%H:%M:%S") + "\n").encode())
 
 
 def copy_stage(src: Path, dst: Path, dst_config: str, out_dir=None) -> None:
@@ -455,17 +512,6 @@ def copy_stage(src: Path, dst: Path, dst_config: str, out_dir=None) -> None:
         dst.rename(old)
     tmp.rename(dst)
     shutil.rmtree(old, ignore_errors=True)
-
-
-def is_done(params: Params, stage: str, out_dir=None) -> bool:
-    """Finished with the parameters `params` asks for."""
-    path = out_root(out_dir) / "runs" / params.config / stage
-    if not (path / "DONE").exists():
-        return False
-    try:
-        return json.loads((path / "params.json").read_text()).get("key") == params.stage_key(stage)
-    except (OSError, json.JSONDecodeError):
-        return False
 
 
 def _manifest(path: Path, problems: list) -> dict | None:

@@ -12,16 +12,13 @@ from __future__ import annotations
 import logging
 import time
 
-import pandas as pd
-
 from ..core.files import atomic_save, atomic_write_json
 from ..measure.data import load_problems
-from ..measure.invariant import agreement, invariant_unit
-from ..measure.replay import typed
+from ..measure.invariant import invariant_unit, stage_outputs
 from ..runtime.executor import lease_record, make_executor
+from ..runtime.outputs import load_sampling
 from ..runtime.params import Params
 from ..runtime.rundir import StageDir
-from . import sampling
 
 log = logging.getLogger("replaylib")
 STAGE = "05_batch_invariant"
@@ -29,7 +26,7 @@ STAGE = "05_batch_invariant"
 
 def run(params: Params, out_dir=None) -> dict:
     stage = StageDir(params, STAGE, out_dir).begin()
-    _, _, problem_info = sampling.load(params, out_dir)
+    _, _, problem_info = load_sampling(params, out_dir)
     chosen = problem_info["kept"][:params.invariant_problems]
     problems = {p.problem_id: p for p in load_problems(params.task)}
     started = time.perf_counter()
@@ -44,10 +41,7 @@ def run(params: Params, out_dir=None) -> dict:
         started = time.perf_counter()
         ex.close()
         seconds["engine stop"] = round(time.perf_counter() - started, 2)
-    records = pd.DataFrame(records)
-    records["config"] = f"{params.config} (invariant)"
-    records = typed(records)
-    report = {"engine": described, **agreement(records, params.passes)}
+    records, report = stage_outputs(described, records, params)
     atomic_save(stage.file("records.parquet"), lambda tmp: records.to_parquet(tmp, index=False))
     atomic_write_json(stage.file("invariant.json"), report)
     if not report["all_identical"]:
@@ -55,9 +49,4 @@ def run(params: Params, out_dir=None) -> dict:
                              f"{stage.file('records.parquet')}")
     stage.finish(["records.parquet", "invariant.json"], {"report": report, "seconds": seconds, **lease_record(ex)})
     return report
-
-
-def load(params: Params, out_dir=None) -> pd.DataFrame:
-    from ..analysis.records import load_records
-    return load_records(StageDir(params, STAGE, out_dir).path / "records.parquet")
 

@@ -15,6 +15,7 @@ import pandas as pd
 
 from ..core.files import atomic_save
 from ..measure.mining import NoPivots, mine, no_pivot_message, token_margins
+from ..runtime.outputs import load_sampling
 from ..runtime.params import Params
 from ..runtime.rundir import StageDir
 
@@ -23,9 +24,8 @@ STAGE = "02_pivot_mining"
 
 def run(params: Params, out_dir=None) -> pd.DataFrame:
     """Mine pivots from the sampling stage's kept trunks; writes pivots.parquet and margins.parquet."""
-    from . import sampling
     stage = StageDir(params, STAGE, out_dir).begin()
-    trunks, engine_info, _ = sampling.load(params, out_dir)
+    trunks, engine_info, _ = load_sampling(params, out_dir)
     pivots = mine(trunks, params, set(engine_info["special_ids"]))
     if pivots.empty:  # a confident model: nothing to replay, and the later stages would measure nothing
         raise NoPivots(no_pivot_message(params, STAGE))
@@ -35,21 +35,4 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
     atomic_save(stage.file("margins.parquet"), lambda tmp: margins.to_parquet(tmp, index=False))
     stage.finish(["pivots.parquet", "margins.parquet"], {"n_pivots": len(pivots)})
     return pivots
-
-
-PIVOT_COLUMNS = {"pivot_id": "int", "problem_id": "id", "rollout": "id", "gen_index": "id", "abs_pos": "id",
-                 "margin": "number", "actual": "id", "alt": "id", "rollout_correct": "int"}
-
-
-def load(params: Params, out_dir=None) -> pd.DataFrame:
-    from ..analysis.records import check_columns
-    path = StageDir(params, STAGE, out_dir).path / "pivots.parquet"
-    return check_columns(pd.read_parquet(path), path, PIVOT_COLUMNS)
-
-
-def summary(pivots: pd.DataFrame, trunks: pd.DataFrame) -> pd.DataFrame:
-    """Pivots per problem: trunks, trunk accuracy, pivots, mean margin."""
-    per = trunks.groupby("problem_id").agg(trunks=("rollout", "size"), trunk_accuracy=("correct", "mean"))
-    piv = pivots.groupby("problem_id").agg(pivots=("pivot_id", "size"), mean_margin=("margin", "mean"))
-    return per.join(piv).fillna({"pivots": 0}).astype({"pivots": int})
 

@@ -23,7 +23,8 @@ from ..core import progress
 from ..core.files import atomic_save
 from ..measure.data import load_problems
 from ..measure.mining import NoPivots, no_pivot_message
-from ..measure.replay import replay_unit
+from ..measure.replay import by_problem, replay_unit, stage_records
+from ..runtime import outputs
 from ..runtime.executor import lease_record, make_executor
 from ..runtime.params import Params
 from ..runtime.rundir import StageDir, rerun_command
@@ -37,14 +38,12 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
 
     A shard is reused only when it was written under the same resume key (parameters,
     upstream files and code: rundir.StageDir) and its bytes are unchanged."""
-    from . import pivots as pivot_stage
-    from . import sampling
     stage = StageDir(params, STAGE, out_dir).begin()
-    trunks, _, _ = sampling.load(params, out_dir)
-    pivots = pivot_stage.load(params, out_dir)
+    trunks, _, _ = outputs.load_sampling(params, out_dir)
+    pivots = outputs.load_pivots(params, out_dir)
     if pivots.empty:
         raise NoPivots(no_pivot_message(params, STAGE))
-    digests = sampling.state_digests(params, out_dir)
+    digests = outputs.state_digests(params, out_dir)
     gold = {p.problem_id: p.gold for p in load_problems(params.task)}
     shard = {pid: f"shards/problem_{pid:05d}.parquet" for pid in pivots.problem_id.unique()}
     profile_shard = {pid: f"shards/layer_profile_{pid:05d}.parquet" for pid in shard} if params.layer_profile else {}
@@ -59,7 +58,7 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
         log.info("config %s, stage %s, executor %s: %d problems to replay", params.config, STAGE, ex.name, len(todo))
         units = [(f"{STAGE} problem {pid}",
                   (params, int(pid), pivots[pivots.problem_id == pid], trunks[trunks.problem_id == pid],
-                   stage.upstream(sampling.STAGE), digests.get(int(pid)), gold[pid])) for pid in todo]
+                   stage.upstream(outputs.SAMPLING), digests.get(int(pid)), gold[pid])) for pid in todo]
         try:
             n_jobs = {pid: int((pivots.problem_id == pid).sum()) * len(params.passes) for pid in todo}
             bar = progress.bar(stage.path, "replay", sum(n_jobs.values()), "pivot-pass")
@@ -85,32 +84,20 @@ def run(params: Params, out_dir=None) -> pd.DataFrame:
         if not stage.has_shard(rel):
             raise RuntimeError(f"{stage.path / rel}: not the shard this run recorded (missing, changed or written "
                                f"by another run); rerun the stage: {rerun_command(params, STAGE, out_dir)}")
-    records = pd.concat([pd.read_parquet(stage.file(shard[pid])) for pid in shard], ignore_index=True)
-    records["config"] = params.config
+    records = stage_records(pivots, lambda pid: pd.read_parquet(stage.file(shard[pid])), params.config)
     atomic_save(stage.file("records.parquet"), lambda tmp: records.to_parquet(tmp, index=False))
-    outputs = ["records.parquet"] + sorted(shard.values())
+    written = ["records.parquet"] + sorted(shard.values())
     if profile_shard:
-        profile = pd.concat([pd.read_parquet(stage.file(profile_shard[pid])) for pid in shard], ignore_index=True)
+        profile = by_problem(pivots, lambda pid: pd.read_parquet(stage.file(profile_shard[pid])))
         atomic_save(stage.file("layer_profile.parquet"), lambda tmp: profile.to_parquet(tmp, index=False))
-        outputs += ["layer_profile.parquet"] + sorted(profile_shard.values())
+        written += ["layer_profile.parquet"] + sorted(profile_shard.values())
     flagged = int((~records["exact_ok"]).sum())
     if flagged:
         log.warning("%d of %d pivots did not resume the saved state exactly; they are flagged (exact_ok False) "
                     "and excluded from the statistics by default", flagged, len(records))
-    stage.finish(outputs, {"n_records": len(records), "flagged_not_exact": flagged,
+    stage.finish(written, {"n_records": len(records), "flagged_not_exact": flagged,
                            "state_established": records["state_established"].value_counts().to_dict()
                            if "state_established" in records else {},
                            "seconds": seconds, **lease})
     return records
 
-
-def load_layer_profile(params: Params, out_dir=None) -> pd.DataFrame | None:
-    """[ours] The replay stage's layer_profile.parquet, or None where the run has none."""
-    path = StageDir(params, STAGE, out_dir).path / "layer_profile.parquet"
-    return pd.read_parquet(path) if path.exists() else None
-
-
-def load(params: Params, out_dir=None) -> pd.DataFrame:
-    """The replay records, validated and parsed like any record file (replaylib.analysis.records)."""
-    from ..analysis.records import load_records
-    return load_records(StageDir(params, STAGE, out_dir).path / "records.parquet")

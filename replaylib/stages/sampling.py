@@ -8,21 +8,19 @@ the replay stage, in another process, can resume it.
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
-
-import pandas as pd
 
 from ..core import progress
 from ..core.files import atomic_save, atomic_write_json
 from ..measure.data import load_problems
 from ..measure.sampling import (
+    Screen,
     batch_wave,
     engine_info,
+    engine_record,
     sample_batch,
     screen_batches,
-    trunk_row,
 )
 from ..measure.state import save_state
 from ..runtime.executor import lease_record, make_executor
@@ -45,11 +43,11 @@ def run(params: Params, out_dir=None) -> dict:
         info = ex.call(engine_info)
         log.info("config %s, stage %s, engine %s (executor %s)", params.config, STAGE, info["engine"], ex.name)
         take = screen_batches(params, len(problems))
-        accepted, rows, scanned, digests = [], [], [], {}
+        screen, digests = Screen(params, problems), {}
         # a local engine advances the line as its trunks finish; Ray actors' trunks are counted as batches return
         bar = progress.bar(stage.path, "trunks", 0, "trunk", count_rows=ex.reports_progress)
-        while len(accepted) < params.n_problems:
-            wave = batch_wave(params, take, params.n_problems - len(accepted))
+        while len(screen.kept) < params.n_problems:
+            wave = batch_wave(params, take, params.n_problems - len(screen.kept))
             if not wave:
                 break
             units = [(f"{STAGE} batch of problems {b[0]}-{b[-1]}",
@@ -58,62 +56,33 @@ def run(params: Params, out_dir=None) -> dict:
             for _, (sampled, state) in ex.map(sample_batch, units):
                 if not ex.reports_progress:
                     bar.update(sum(len(got["trunks"]) for got in sampled.values()))
-                for pid, got in sampled.items():
-                    accuracy = sum(got["correct"]) / len(got["correct"])
-                    keep = len(accepted) < params.n_problems and (not params.screen_mixed or 0 < accuracy < 1)
-                    scanned.append({"problem_id": pid, "gold": problems[pid].gold, "trunk_accuracy": accuracy,
-                                    "kept": keep, "prompt_tokens": len(got["prompt"])})
-                    for t, ok, text in zip(got["trunks"], got["correct"], got["texts"]):
-                        rows.append(trunk_row(t, kept=keep, text=text, correct=ok))
-                    if keep:
-                        accepted.append(pid)
-                        if state is not None:  # the transformers engine's decode-time KV, for the replay stage
-                            save_state(state[pid], stage.file(f"state/problem_{pid:05d}.safetensors"))
-                            digests[str(pid)] = {str(r): d for r, d in state[pid].expected.items()}
+                for pid in screen.add(sampled):
+                    if state is not None:  # the transformers engine's decode-time KV, for the replay stage
+                        save_state(state[pid], stage.file(f"state/problem_{pid:05d}.safetensors"))
+                        digests[str(pid)] = {str(r): d for r, d in state[pid].expected.items()}
         seconds["trunks"] = round(time.perf_counter() - started, 2)
         started = time.perf_counter()
     finally:
         ex.close()
     seconds["engine stop"] = round(time.perf_counter() - started, 2)
     bar.close()
-    if len(accepted) < params.n_problems:
-        log.warning("kept %d of %d problems after scanning %d (scan_limit %d)", len(accepted), params.n_problems,
-                    len(scanned), params.scan_limit)
-    if not accepted:
-        raise RuntimeError(f"{STAGE}: no problem passed the screen in {len(scanned)} scanned; raise scan_limit "
-                           f"or set screen_mixed: false")
-    trunks_df = pd.DataFrame(rows)
-    accuracy = pd.DataFrame(scanned)
+    if len(screen.kept) < params.n_problems:
+        log.warning("kept %d of %d problems after scanning %d (scan_limit %d)", len(screen.kept), params.n_problems,
+                    len(screen.scanned), params.scan_limit)
+    if not screen.kept:
+        raise RuntimeError(f"{STAGE}: no problem passed the screen in {len(screen.scanned)} scanned; raise "
+                           f"scan_limit or set screen_mixed: false")
+    trunks_df, accuracy = screen.trunks(), screen.accuracy()
     atomic_save(stage.file("trunks.parquet"), lambda tmp: trunks_df.to_parquet(tmp, index=False))
     atomic_save(stage.file("accuracy.csv"), lambda tmp: accuracy.to_csv(tmp, index=False))
-    atomic_write_json(stage.file("engine.json"), {**info["engine"], **{k: v for k, v in info.items() if k != "engine"}})
-    atomic_write_json(stage.file("problems.json"), {"kept": accepted, "scanned": scanned})
+    atomic_write_json(stage.file("engine.json"), engine_record(info))
+    atomic_write_json(stage.file("problems.json"), screen.problem_list())
     outputs = ["trunks.parquet", "accuracy.csv", "engine.json", "problems.json"]
     outputs += sorted(str(p.relative_to(stage.path)) for p in (stage.path / "state").glob("*.safetensors"))
     # the digest of every decode-time state, taken when it was produced: the replay stage checks the
     # tensors it resumes against these, not against the saved file's own metadata
     stage.finish(outputs, {"engine": info["engine"], "state_digests": digests, "seconds": seconds,
                            **lease_record(ex)})
-    return {"kept": accepted, "scanned": len(scanned), "trunk_accuracy": float(trunks_df["correct"].mean()),
+    return {"kept": screen.kept, "scanned": len(screen.scanned), "trunk_accuracy": float(trunks_df["correct"].mean()),
             "kept_accuracy": float(trunks_df[trunks_df.kept]["correct"].mean())}
 
-
-def state_digests(params: Params, out_dir=None) -> dict:
-    """problem_id -> {rollout: digest of its decode-time state when it was produced} (empty for vLLM)."""
-    manifest = json.loads((StageDir(params, STAGE, out_dir).path / "manifest.json").read_text())
-    return {int(pid): {int(r): d for r, d in per.items()} for pid, per in manifest.get("state_digests", {}).items()}
-
-
-# the trunk table's columns and their types (records.check_columns)
-TRUNK_COLUMNS = {"problem_id": "id", "rollout": "id", "seed": "int", "kept": "bool", "prompt_ids": "ids",
-                 "gen_ids": "ids", "topk_ids": "ids per token", "topk_logprobs": "numbers per token", "text": "text",
-                 "correct": "int", "finish_reason": "text", "n_tokens": "int"}
-
-
-def load(params: Params, out_dir=None) -> tuple[pd.DataFrame, dict, dict]:
-    """The sampling stage's trunks (kept problems), engine info and problem list."""
-    from ..analysis.records import check_columns
-    path = StageDir(params, STAGE, out_dir).path
-    trunks = check_columns(pd.read_parquet(path / "trunks.parquet"), path / "trunks.parquet", TRUNK_COLUMNS)
-    return (trunks[trunks.kept].reset_index(drop=True), json.loads((path / "engine.json").read_text()),
-            json.loads((path / "problems.json").read_text()))

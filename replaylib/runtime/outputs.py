@@ -1,0 +1,65 @@
+"""The readers of the stages' outputs (runs/<config>/<stage>/), for the drivers, the notebooks' displays,
+the report site and the tests: every table is checked against its column schema as it is read, so a
+received run's files are refused in one line naming the file and the column."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from ..analysis.records import check_columns, load_records
+from ..core.paths import stage_dir
+
+SAMPLING, PIVOTS, REPLAY, INVARIANT = "01_sampling", "02_pivot_mining", "03_three_pass_replay", "05_batch_invariant"
+
+# the trunk table's columns and their types (records.check_columns)
+TRUNK_COLUMNS = {"problem_id": "id", "rollout": "id", "seed": "int", "kept": "bool", "prompt_ids": "ids",
+                 "gen_ids": "ids", "topk_ids": "ids per token", "topk_logprobs": "numbers per token", "text": "text",
+                 "correct": "int", "finish_reason": "text", "n_tokens": "int"}
+PIVOT_COLUMNS = {"pivot_id": "int", "problem_id": "id", "rollout": "id", "gen_index": "id", "abs_pos": "id",
+                 "margin": "number", "actual": "id", "alt": "id", "rollout_correct": "int"}
+
+
+def load_sampling(params, out_dir=None) -> tuple[pd.DataFrame, dict, dict]:
+    """Stage 1's trunks (kept problems), engine info and problem list."""
+    path = stage_dir(params.config, SAMPLING, out_dir)
+    trunks = check_columns(pd.read_parquet(path / "trunks.parquet"), path / "trunks.parquet", TRUNK_COLUMNS)
+    return (trunks[trunks.kept].reset_index(drop=True), json.loads((path / "engine.json").read_text()),
+            json.loads((path / "problems.json").read_text()))
+
+
+def state_digests(params, out_dir=None) -> dict:
+    """problem_id -> {rollout: digest of its decode-time state when it was produced} (empty for vLLM), from
+    stage 1's manifest."""
+    manifest = json.loads((stage_dir(params.config, SAMPLING, out_dir) / "manifest.json").read_text())
+    return {int(pid): {int(r): d for r, d in per.items()} for pid, per in manifest.get("state_digests", {}).items()}
+
+
+def load_pivots(params, out_dir=None) -> pd.DataFrame:
+    path = stage_dir(params.config, PIVOTS, out_dir) / "pivots.parquet"
+    return check_columns(pd.read_parquet(path), path, PIVOT_COLUMNS)
+
+
+def load_margins(params, out_dir=None) -> pd.DataFrame:
+    """Stage 2's margin of every generated token of the kept trunks."""
+    return pd.read_parquet(stage_dir(params.config, PIVOTS, out_dir) / "margins.parquet")
+
+
+def load_replay(params, out_dir=None) -> pd.DataFrame:
+    """Stage 3's records, validated and parsed like any record file (replaylib.analysis.records)."""
+    return load_records(stage_dir(params.config, REPLAY, out_dir) / "records.parquet")
+
+
+def replay_finished(params, out_dir=None) -> bool:
+    return (stage_dir(params.config, REPLAY, out_dir) / "DONE").exists()
+
+
+def load_layer_profile(params, out_dir=None) -> pd.DataFrame | None:
+    """[ours] Stage 3's layer_profile.parquet, or None where the run has none."""
+    path = stage_dir(params.config, REPLAY, out_dir) / "layer_profile.parquet"
+    return pd.read_parquet(path) if path.exists() else None
+
+
+def load_invariant(params, out_dir=None) -> pd.DataFrame:
+    """Stage 5's records."""
+    return load_records(stage_dir(params.config, INVARIANT, out_dir) / "records.parquet")
