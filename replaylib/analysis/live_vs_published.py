@@ -2,10 +2,9 @@
 and live, with its 95% problem-bootstrap interval and whether the published value lies inside;
 the paper's claims judged per engine mode (``replaylib.analysis.claims``); and the comparison as Markdown
 (tables/campaign-<name>/live_vs_published.{csv,md}). The campaign (``replaylib.campaign``) runs the
-configurations and calls these on their records."""
+configurations and calls these on their records. ``c`` is a campaign (``replaylib.runtime.campaigns.Campaign``),
+``row`` one of its rows and ``p`` a configuration's parameters: read, never imported, from the run layer above."""
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -13,10 +12,6 @@ import pandas as pd
 from ..core.paths import PAPER_RECORDS
 from . import records as rec
 from . import stats, stats_extras
-
-if TYPE_CHECKING:
-    from ..runtime.campaigns import Campaign, Row
-    from ..runtime.params import Params
 
 QUANTITIES = stats.TABLE1_QUANTITIES
 
@@ -27,7 +22,7 @@ def quantities(df: pd.DataFrame) -> dict:
     return {k: q[k] for k in QUANTITIES}
 
 
-def live_frame(df: pd.DataFrame, p: Params) -> pd.DataFrame:
+def live_frame(df: pd.DataFrame, p) -> pd.DataFrame:
     """One configuration's records in a campaign: the protocol they recorded, with the configuration's
     cohort settings, as the frame's config."""
     config = next(iter(df.attrs["configs"].values())) or {}
@@ -35,7 +30,7 @@ def live_frame(df: pd.DataFrame, p: Params) -> pd.DataFrame:
     return df
 
 
-def live_rows(c: Campaign, replay, invariant: pd.DataFrame) -> dict:
+def live_rows(c, replay, invariant: pd.DataFrame) -> dict:
     """{label: records}: every row's configurations' replay records (``replay(config)``) pooled as listed
     (deduplicated), then the batch-invariant row."""
     rows = {r.label: rec.pool([live_frame(replay(n), c.configs[n]) for n in r.configs]) for r in c.rows}
@@ -43,7 +38,7 @@ def live_rows(c: Campaign, replay, invariant: pd.DataFrame) -> dict:
     return rows
 
 
-def figures(c: Campaign, rows: dict, replay) -> dict:
+def figures(c, rows: dict, replay) -> dict:
     """Figures 1-3 of the live rows: {name: ((fig, ax), data frame it plots)}; Figure 3 pools its
     configurations' replay records (``replay(config)``) undeduplicated, beside the batch-invariant row."""
     from . import plotting
@@ -54,7 +49,7 @@ def figures(c: Campaign, rows: dict, replay) -> dict:
             "fig3_logprob_ecdf": (plotting.fig3_logprob_ecdf(fig3, inv), plotting.fig3_data(fig3, inv))}
 
 
-def comparison_table(c: Campaign, rows: dict, n_boot: int) -> pd.DataFrame:
+def comparison_table(c, rows: dict, n_boot: int) -> pd.DataFrame:
     """Every Table 1 quantity of every row: published (from data/paper-records), live, its 95%
     problem-bootstrap interval, and whether the published value lies inside."""
     out = []
@@ -72,19 +67,19 @@ def comparison_table(c: Campaign, rows: dict, n_boot: int) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def engine_mode(p: Params) -> str:
+def engine_mode(p) -> str:
     """How a configuration's engine runs, in words: the paper's claims are judged per mode."""
     if p.engine != "vllm":
         return f"transformers, {p.device}"
     return f"vLLM {p.vllm_serving}" + (", synchronized passes" if p.pass_submission == "synchronized" else "")
 
 
-def row_mode(c: Campaign, row: Row) -> str:
+def row_mode(c, row) -> str:
     modes = {engine_mode(c.configs[n]) for n in row.configs if n in c.configs}
     return modes.pop() if len(modes) == 1 else ("mixed" if modes else "")
 
 
-def verdicts(c: Campaign, rows: dict) -> list[dict]:
+def verdicts(c, rows: dict) -> list[dict]:
     """One line per claim of the paper and engine mode, from the live rows (replaylib.analysis.claims: holds,
     does not hold, underpowered or not measured): a campaign with rows in several serving modes
     (multi-process vLLM, in-process vLLM) is judged mode by mode."""
@@ -104,7 +99,7 @@ def _cell(v, quantity: str = ""):
     return f"{v:.0f}" if quantity == "n (common)" else f"{v:.2f}"
 
 
-def comparison_markdown(c: Campaign, table: pd.DataFrame, claims: list[dict]) -> str:
+def comparison_markdown(c, table: pd.DataFrame, claims: list[dict]) -> str:
     lines = [f"# {c.label}: live vs published", ""]
     if c.note:
         lines += [f"**Note:** {c.note}", ""]
