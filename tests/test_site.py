@@ -29,7 +29,7 @@ RUN = [sys.executable, "-m", "replaylib.run"]
 
 def test_progress_file_follows_the_bar(tmp_path, monkeypatch):
     monkeypatch.setattr(progress, "WRITE_EVERY_S", 0.0)
-    bar = progress.bar(tmp_path, "replay", 4, "pivot-pass")
+    progress.bar(tmp_path, "replay", 4, "pivot-pass")
     progress.update(3)
     progress.tokens(120, rows_finished=5)  # rows advance only a bar that counts rows
     state = progress.read(tmp_path)

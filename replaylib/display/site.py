@@ -40,8 +40,7 @@ from ..runtime.params import make
 from ..runtime.registry import RUN_ORDER
 from ..runtime.registry import stage as stage_entry
 from ..runtime.rundir import changed_outputs
-from . import headline
-from . import worked_examples as examples
+from . import headline, worked_examples
 
 STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 72rem; margin: 2rem auto; padding: 0 1rem; color: #222; }
@@ -324,39 +323,39 @@ def worked_examples(P, root: Path, runs: Path, done: list[str], example_pivot: i
     if "01_sampling" not in done:
         return []
     out = ["<h2>Worked examples</h2>"]
-    pieces = examples.token_pieces(P.model)
+    pieces = worked_examples.token_pieces(P.model)
     trunks, _, _ = outputs.load_sampling(P, root)
-    trunk = examples.example_trunk(trunks, P.margin_threshold)
-    out += ["<h3>One trunk and its margins (stage 1)</h3>", examples.trunk_html(trunk, pieces, P.margin_threshold)]
+    trunk = worked_examples.example_trunk(trunks, P.margin_threshold)
+    out += ["<h3>One trunk and its margins (stage 1)</h3>", worked_examples.trunk_html(trunk, pieces, P.margin_threshold)]
     if "02_pivot_mining" in done:
         pivots = outputs.load_pivots(P, root)
         out += ["<h3>Every pivot in context (stage 2)</h3>",
-                table_html(examples.pivots_in_context(pivots, trunks, pieces))]
+                table_html(worked_examples.pivots_in_context(pivots, trunks, pieces))]
     if "03_three_pass_replay" not in done:
         return out
     records = outputs.load_replay(P, root)
     if not len(records):
         return out + ["<p>The replay stage found no pivot to replay.</p>"]
-    passes = examples.passes_of(records)
-    chosen = records.iloc[examples.choose_pivot(records, example_pivot)]
-    out += ["<h3>One pivot through the passes (stage 3)</h3>", examples.pivot_prefix_html(chosen, trunks, pieces),
-            table_html(examples.pass_table(chosen, passes, P.k, pieces))]
-    texts = examples.continuations(chosen, passes, trunks, P, root)
+    passes = worked_examples.passes_of(records)
+    chosen = records.iloc[worked_examples.choose_pivot(records, example_pivot)]
+    out += ["<h3>One pivot through the passes (stage 3)</h3>", worked_examples.pivot_prefix_html(chosen, trunks, pieces),
+            table_html(worked_examples.pass_table(chosen, passes, P.k, pieces))]
+    texts = worked_examples.continuations(chosen, passes, trunks, P, root)
     out.append(table_html(texts) if texts is not None else
                '<p class="note">These records keep each arm\'s number of correct continuations, not the '
                "continuations' tokens, so their text cannot be shown.</p>")
-    flips = examples.sign_changes(records)
+    flips = worked_examples.sign_changes(records)
     out += ["<h4>Where re-feed changed the sign of A and the replica did not</h4>",
             table_html(flips) if len(flips) else "<p>None in this run.</p>",
             "<h4>First-token logprob deltas of the greedy probes, against exact1</h4>",
-            table_html(examples.first_token_deltas(records))]
+            table_html(worked_examples.first_token_deltas(records))]
     if "05_batch_invariant" in done:
         inv = outputs.load_invariant(P, root)
         if len(inv):
-            row = inv.iloc[examples.invariant_example(inv, chosen)]
-            same = examples.identical_in_every_pass(row, examples.passes_of(inv))
+            row = inv.iloc[worked_examples.invariant_example(inv, chosen)]
+            same = worked_examples.identical_in_every_pass(row, worked_examples.passes_of(inv))
             out += ["<h3>The same pivot, batch-invariant (stage 5)</h3>",
                     html.escape(f"problem {row.problem_id}, rollout {row.rollout}, position {row.abs_pos}: identical "
                                 f"in every pass: {same}").join(("<p>", "</p>")),
-                    table_html(examples.pass_table(row, examples.passes_of(inv), P.k, pieces))]
+                    table_html(worked_examples.pass_table(row, worked_examples.passes_of(inv), P.k, pieces))]
     return out

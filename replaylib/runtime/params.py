@@ -187,10 +187,6 @@ class Params:
         """Parameters that change what the notebooks show, not what the stages compute."""
         return [f.name for f in dataclasses.fields(cls) if f.metadata["stage"] == "display"]
 
-    @classmethod
-    def stage_of(cls, name: str) -> str:
-        return {f.name: f.metadata["stage"] for f in dataclasses.fields(cls)}[name]
-
     def data_upstream(self, stage: str) -> list[str]:
         if stage == "04_statistics" and self.records == "published":
             return []
