@@ -244,7 +244,7 @@ def build(config: str, out_dir=None, example_pivot: int | None = None) -> Path:
             parts.append("<h2>The paper's claims, on this run's records</h2>")
             parts.append(table_html(claims, classes="claims"))
     with reading(runs):
-        parts += worked_examples(P, root, runs, done, example_pivot)
+        parts += worked_examples_html(P, root, runs, done, example_pivot)
 
     site.parent.mkdir(parents=True, exist_ok=True)
     build_dir = Path(tempfile.mkdtemp(dir=site.parent, prefix=f".{config}."))
@@ -318,7 +318,7 @@ def install(build_dir: Path, site: Path) -> None:
             os.replace(f, dest)
 
 
-def worked_examples(P, root: Path, runs: Path, done: list[str], example_pivot: int) -> list[str]:
+def worked_examples_html(P, root: Path, runs: Path, done: list[str], example_pivot: int) -> list[str]:
     """The notebooks' worked examples, for the stages this run has."""
     if "01_sampling" not in done:
         return []
