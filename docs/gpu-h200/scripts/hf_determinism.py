@@ -745,9 +745,10 @@ def environment(engine=None) -> dict:
            "matmul_allow_bf16_reduced_precision_reduction":
                getattr(torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction", None),
            "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32}
-    try:
-        env["git_commit"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
-                                           text=True, timeout=5).stdout.strip() or None
+    try:  # a COMMIT file beside the code names it where the tree was copied without its history
+        env["git_commit"] = ((ROOT / "COMMIT").read_text().strip() if (ROOT / "COMMIT").is_file() else
+                             subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                                            text=True, timeout=5).stdout.strip() or None)
     except (OSError, subprocess.SubprocessError):
         env["git_commit"] = None
     sdp = {}
