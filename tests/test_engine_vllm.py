@@ -114,7 +114,7 @@ def test_trunk_requests_are_token_ids_with_per_rollout_seeds_on_a_fresh_cache():
                        for ids, lps in zip(t.topk_ids, t.topk_logprobs))
     assert engine.stop_ids == {EOS, STOP2} and {0, 1} <= engine.special_ids
     info = engine.describe()
-    assert info["engine"] == "vllm" and info["block_size"] == 4 and info["batch_invariant"] is False
+    assert info["engine"] == "vllm" and info["kv_block_size"] == 4 and info["batch_invariant"] is False
 
 
 def test_trunk_identity_identical_one_token_differs_one_logprob_differs():

@@ -167,7 +167,7 @@ class VLLMEngine:
         self.attention_backend, self.version, self.config = attention_backend, version, config
         self.enforce_eager, self.serving = enforce_eager, serving
         cache_config = llm.llm_engine.vllm_config.cache_config
-        self.block_size = int(cache_config.block_size)
+        self.kv_block_size = int(cache_config.block_size)
         total = getattr(cache_config, "num_gpu_blocks", None)  # set by the engine core after profiling
         self.num_blocks = int(total) - 1 if total else None  # one block is vLLM's null block
         self.tok = llm.get_tokenizer()
@@ -197,9 +197,9 @@ class VLLMEngine:
             raise ValueError(f"config '{params.config}': this vLLM engine was built with other settings ({diff}); "
                              f"the stage needs an engine of its own")
         self.config, self.trunk_settings = params.config, trunk_settings(params)
-        if params.block_size > 1 and params.block_size != self.block_size:
+        if params.block_size > 1 and params.block_size != self.kv_block_size:
             log.warning("config %s: pivots are mined at block_size %d, but the engine's KV blocks hold %d tokens",
-                        params.config, params.block_size, self.block_size)
+                        params.config, params.block_size, self.kv_block_size)
 
     @classmethod
     def from_params(cls, params, invariant: bool = False, lifecycle=None) -> "VLLMEngine":
@@ -276,7 +276,7 @@ class VLLMEngine:
 
     def describe(self) -> dict:
         return {"engine": "vllm", "model": self.model_path, "device": "cuda", "dtype": self.dtype_name,
-                "block_size": self.block_size, "num_gpu_blocks": self.num_blocks,
+                "kv_block_size": self.kv_block_size, "num_gpu_blocks": self.num_blocks,
                 "batch_invariant": self.invariant, "attention_backend": self.attention_backend or "default",
                 "enforce_eager": self.enforce_eager, "logprobs_mode": LOGPROBS_MODE, "serving": self.serving,
                 "trunk_submission": "synchronized" if self.serving == "multiprocess" else "in-process",
@@ -402,7 +402,7 @@ class VLLMEngine:
         state["regenerated"] = [list(state["prompt_ids"]) + t.gen_ids for t in regen]
         state["agree"] = {t.rollout: _common_prefix(t.gen_ids, saved[t.rollout]["gen_ids"]) for t in regen}
         state["trunk_blocks"] = sum(blocks(max(len(seq), len(state["prompt_ids"]) + len(saved[t.rollout]["gen_ids"])),
-                                           self.block_size) for seq, t in zip(state["regenerated"], regen))
+                                           self.kv_block_size) for seq, t in zip(state["regenerated"], regen))
         state["epoch"], state["allocated"] = self.epoch, 0
         state["established"] = state.get("established", 0) + 1
         differ = {r: n for r, n in sorted(state["agree"].items()) if not state["identical"][r]}
@@ -423,7 +423,7 @@ class VLLMEngine:
             return "not established"
         if state["identical"].get(job.rollout):
             return "identical"
-        floor = cache_floor(job.abs_pos, self.block_size)
+        floor = cache_floor(job.abs_pos, self.kv_block_size)
         want = (job.prompt_ids + job.gen_prefix)[:floor]
         # the KV of a sequence's last token is never computed: its full blocks end before it
         if any(len(seq) - 1 >= floor and seq[:floor] == want for seq in state["regenerated"]):
@@ -438,9 +438,9 @@ class VLLMEngine:
 
     def job_blocks(self, job: PivotJob, settings: PassSettings) -> int:
         """Upper bound on the KV blocks one pivot's requests allocate beyond the cached trunk blocks."""
-        cached = job.abs_pos // self.block_size
+        cached = job.abs_pos // self.kv_block_size
         lengths = [settings.max_tokens] * settings.k + [settings.probe_tokens]
-        return len(ARMS) * sum(blocks(job.abs_pos + 1 + n, self.block_size) - cached for n in lengths)
+        return len(ARMS) * sum(blocks(job.abs_pos + 1 + n, self.kv_block_size) - cached for n in lengths)
 
     def _split(self, jobs: list[PivotJob], settings: PassSettings, state: dict) -> list[list[PivotJob]]:
         """Jobs in calls whose allocations keep the trunk blocks out of reach of eviction."""
@@ -558,7 +558,7 @@ class VLLMEngine:
         for job, rec in zip(jobs, per_job):
             resume = {"min_cached_tokens": min(rec["cached"]), "first_step_exact": None, "preemptions": preempted}
             if state is not None:
-                hit = all(c >= cache_floor(job.abs_pos, self.block_size) for c in rec["cached"])
+                hit = all(c >= cache_floor(job.abs_pos, self.kv_block_size) for c in rec["cached"])
                 resident = self._resident(job, state)
                 resume.update({"cache_hit": hit, "state": resident, "establishment": state["established"],
                                "state_ok": bool(hit and preempted == 0 and resident != "not established")})

@@ -58,7 +58,7 @@ def batch_wave(params, take, still_needed: int) -> list[list[int]]:
 def engine_info(engine) -> dict:
     """What engine.json records about the engine (run on the engine, wherever it lives)."""
     return {"engine": engine.describe(), "stop_ids": sorted(engine.stop_ids),
-            "special_ids": sorted(engine.special_ids), "block_size": getattr(engine, "block_size", None)}
+            "special_ids": sorted(engine.special_ids), "kv_block_size": getattr(engine, "kv_block_size", None)}
 
 
 def sample_batch(engine, params, batch: list[tuple]) -> tuple[dict, dict | None]:
