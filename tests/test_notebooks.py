@@ -34,6 +34,22 @@ def test_notebook_has_no_outputs_and_a_parameters_cell(stage):
             assert value == getattr(defaults, name), name
 
 
+@pytest.mark.parametrize("stage", STAGES + ["06_campaign"])
+def test_one_compute_cell_calls_the_stage_s_driver_and_nothing_else(stage):
+    """The cell tagged compute is in the stage's code fingerprint (replaylib.runtime.fingerprint): it imports
+    the stage's driver and calls it; what shows results is in other cells."""
+    from replaylib.runtime.registry import stage as stage_entry
+    nb = json.loads((REPO / "notebooks" / f"{stage}.ipynb").read_text())
+    tagged = [c for c in nb["cells"] if "compute" in c.get("metadata", {}).get("tags", [])]
+    assert len(tagged) == 1 and tagged[0]["cell_type"] == "code"
+    body = ast.parse("".join(tagged[0]["source"])).body
+    driver = stage_entry(stage).driver
+    assert isinstance(body[0], ast.ImportFrom) and body[0].module == "replaylib.stages"
+    assert [a.name for a in body[0].names] == [driver]
+    assert len(body) == 2 and isinstance(body[1], ast.Assign) and isinstance(body[1].value, ast.Call)
+    assert ast.unparse(body[1].value.func) == f"{driver}.run"
+
+
 @pytest.mark.parametrize("stage", STAGES)
 def test_papermill_sees_every_parameter(stage):
     import papermill
