@@ -107,7 +107,7 @@ def test_refeed_is_a_different_computation(tiny_engine):
 
 def channels(out):
     """Everything a pass produces for one pivot that the records use."""
-    return out.continuations, out.probe_ids, out.probe_first_logprob, out.resume.get("first_step_exact")
+    return out.continuations, out.probe_ids, out.probe_first_logprob, out.resume.first_step_exact
 
 
 def test_exact2_replicates_exact1_bit_for_bit_and_refeed_differs(tiny_engine):
@@ -118,13 +118,13 @@ def test_exact2_replicates_exact1_bit_for_bit_and_refeed_differs(tiny_engine):
     rf = tiny_engine.run_pass(jobs, "refeed", SETTINGS, None)
     for a, b in zip(e1, e2):
         assert channels(a) == channels(b)  # every channel, logprobs compared as exact floats
-        assert a.resume["state_ok"] is b.resume["state_ok"] is True
+        assert a.resume.state_ok is b.resume.state_ok is True
     # bf16: a fresh prefill rounds differently from the decode steps that built the saved state
     assert any(a.probe_first_logprob != b.probe_first_logprob or a.continuations != b.continuations
                for a, b in zip(e1, rf))
     assert all(len(o.continuations[arm]) == 2 and len(o.probe_ids[arm]) == 8 for o in rf for arm in ARMS)
-    assert [o.resume["min_cached_tokens"] for o in e1] == [j.abs_pos for j in jobs]
-    assert all(o.resume["min_cached_tokens"] == 0 and "state_ok" not in o.resume for o in rf)
+    assert [o.resume.min_cached_tokens for o in e1] == [j.abs_pos for j in jobs]
+    assert all(o.resume.min_cached_tokens == 0 and o.resume.state_ok is None for o in rf)
 
 
 def test_each_exact_pass_checks_the_state_it_resumes(tiny_engine):
@@ -135,11 +135,11 @@ def test_each_exact_pass_checks_the_state_it_resumes(tiny_engine):
     e1 = tiny_engine.run_pass(jobs, "exact1", SETTINGS, state)
     state[1][0][0, 0, 0, 0] += 1  # in place, as a buggy move or overwrite would
     e2 = tiny_engine.run_pass(jobs, "exact2", SETTINGS, state)
-    assert [o.resume["state_ok"] for o in e1] == [True, True, True]
-    assert [o.resume["state_ok"] for o in e2] == [True, False, True]
+    assert [o.resume.state_ok for o in e1] == [True, True, True]
+    assert [o.resume.state_ok for o in e2] == [True, False, True]
     # a bare dict carries no digest taken at production: nothing can be verified
     e3 = tiny_engine.run_pass(jobs, "exact2", SETTINGS, dict(state))
-    assert [o.resume["state_ok"] for o in e3] == [False, False, False]
+    assert [o.resume.state_ok for o in e3] == [False, False, False]
 
 
 def test_a_resumed_pass_depends_on_exactly_the_state_it_should(tiny_engine):
@@ -234,4 +234,4 @@ def test_regeneration_check_runs_apart_from_the_passes(tiny_engine):
     with_check = tiny_engine.run_pass(jobs, "exact1", cfg, state)
     without = tiny_engine.run_pass(jobs, "exact1", SETTINGS, state)
     assert [channels(x) for x in with_check] == [channels(y) for y in without]
-    assert all("regenerates_trunk" not in o.resume for o in with_check)
+    assert all(not hasattr(o.resume, "regenerates_trunk") for o in with_check)

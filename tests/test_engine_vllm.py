@@ -169,8 +169,8 @@ def test_exact_pass_builds_one_call_of_token_id_requests_and_maps_outputs_back(r
             assert out.probe_ids[arm] == tokens
             assert out.probe_first_logprob[arm] == lps[0][tokens[0]].logprob
             i += 1
-        assert out.resume["state_ok"] is True and out.resume["first_step_exact"] is None
-        assert out.resume["min_cached_tokens"] >= cache_floor(job.abs_pos, 4)
+        assert out.resume.state_ok is True and out.resume.first_step_exact is None
+        assert out.resume.min_cached_tokens >= cache_floor(job.abs_pos, 4)
     again = engine.run_pass(jobs, "exact2", SETTINGS, state)
     assert [(o.continuations, o.probe_ids, o.probe_first_logprob) for o in again] == \
            [(o.continuations, o.probe_ids, o.probe_first_logprob) for o in outs]
@@ -193,11 +193,11 @@ def test_cache_check_hit_and_miss_at_the_block_floor(replay_setup):
     hit = engine.run_pass(job, "exact1", SETTINGS, state)[0].resume
     fake.force_cached = floor - 1
     miss = engine.run_pass(job, "exact1", SETTINGS, state)[0].resume
-    assert (hit["state_ok"], hit["min_cached_tokens"]) == (True, floor)
-    assert (miss["state_ok"], miss["cache_hit"], miss["min_cached_tokens"]) == (False, False, floor - 1)
+    assert (hit.state_ok, hit.min_cached_tokens) == (True, floor)
+    assert (miss.state_ok, miss.cache_hit, miss.min_cached_tokens) == (False, False, floor - 1)
     fake.force_cached = None
     fake.cached.clear()  # the trunk blocks evicted behind the engine's back
-    assert not any(o.resume["state_ok"] for o in engine.run_pass(job, "exact1", SETTINGS, state))
+    assert not any(o.resume.state_ok for o in engine.run_pass(job, "exact1", SETTINGS, state))
 
 
 def test_refeed_resets_first_and_aborts_when_the_reset_fails(replay_setup):
@@ -207,12 +207,12 @@ def test_refeed_resets_first_and_aborts_when_the_reset_fails(replay_setup):
     fake.events.clear()
     refeed = engine.run_pass(jobs, "refeed", SETTINGS, state)
     assert fake.events == ["reset", "generate"]
-    assert "state_ok" not in refeed[0].resume
+    assert refeed[0].resume.state_ok is None
     assert [o.probe_ids for o in refeed] == [o.probe_ids for o in exact]  # the stand-in is deterministic
     # an exact pass after a refeed re-establishes the trunk blocks first
     fake.events.clear()
     after = engine.run_pass(jobs, "exact2", SETTINGS, state)
-    assert fake.events == ["reset", "generate", "generate"] and all(o.resume["state_ok"] for o in after)
+    assert fake.events == ["reset", "generate", "generate"] and all(o.resume.state_ok for o in after)
     fake.reset_ok = False
     fake.events.clear()
     with pytest.raises(RuntimeError, match="refused to reset its prefix cache"):
@@ -230,7 +230,7 @@ def test_serial_pass_sends_every_request_alone_on_a_fresh_cache(replay_setup):
     n_requests = len(jobs) * 2 * (SETTINGS.k + 1)
     assert fake.events == ["reset", "generate"] * n_requests
     assert all(len(prompts) == 1 for prompts, _ in fake.calls)
-    assert all(o.resume["min_cached_tokens"] == 0 and "state_ok" not in o.resume for o in serial)
+    assert all(o.resume.min_cached_tokens == 0 and o.resume.state_ok is None for o in serial)
     # the same requests as the batched refeed, mapped back to the same pivots and arms
     assert [(o.pivot_id, o.continuations, o.probe_ids) for o in serial] == \
         [(o.pivot_id, o.continuations, o.probe_ids) for o in refeed]
@@ -271,7 +271,7 @@ def test_work_is_split_to_keep_the_trunk_blocks_from_eviction():
     outs = engine.run_pass(jobs, "exact1", SETTINGS, state)
     assert fake.events.count("generate") > 1 and [o.pivot_id for o in outs] == [j.pivot_id for j in jobs]
     assert "reset" in fake.events  # the trunks were re-established between calls
-    assert all(o.resume["state_ok"] for o in outs)
+    assert all(o.resume.state_ok for o in outs)
     engine.num_blocks = state["trunk_blocks"] + largest - 1
     with pytest.raises(RuntimeError, match="raise gpu_memory_utilization"):
         engine.run_pass(jobs, "exact1", SETTINGS, state)
@@ -281,10 +281,10 @@ def test_preemptions_flag_the_pass_and_the_regeneration(replay_setup):
     engine, fake, trunks, df, state, _ = replay_setup
     fake.preempt_per_call = 2
     outs = engine.run_pass(jobs_for(trunks, 0, SETTINGS.k), "exact1", SETTINGS, state)
-    assert all(o.resume["preemptions"] == 2 and o.resume["state_ok"] is False for o in outs)
+    assert all(o.resume.preemptions == 2 and o.resume.state_ok is False for o in outs)
     state, clean = engine.problem_state(None, 0, df)
     assert not any(clean.values()) and not any(state["identical"].values())
-    assert all(o.resume["state"] == "not established"
+    assert all(o.resume.state == "not established"
                for o in engine.run_pass(jobs_for(trunks, 0, SETTINGS.k), "exact1", SETTINGS, state))
     assert engine.preemptions["exact1 pass"] == 4  # two exact1 passes, 2 each
 
@@ -299,8 +299,8 @@ def test_an_unreadable_preemption_counter_verifies_nothing(replay_setup):
     fake.get_metrics = no_stats
     outs = engine.run_pass(jobs_for(trunks, 0, SETTINGS.k), "exact1", SETTINGS, state)
     regenerated = engine.problem_state(None, 0, df)[1]
-    assert all(o.resume["preemptions"] is None and o.resume["state_ok"] is False for o in outs)
-    assert all(o.resume["min_cached_tokens"] >= cache_floor(j.abs_pos, 4)
+    assert all(o.resume.preemptions is None and o.resume.state_ok is False for o in outs)
+    assert all(o.resume.min_cached_tokens >= cache_floor(j.abs_pos, 4)
                for o, j in zip(outs, jobs_for(trunks, 0, SETTINGS.k)))  # the cache was hit all the same
     assert not any(regenerated.values())
 
@@ -414,7 +414,7 @@ def test_multiprocess_stock_passes_race_and_synchronized_passes_do_not():
     e1, e2 = (engine.run_pass(jobs, name, SETTINGS, state) for name in ("exact1", "exact2"))
     assert fake.events.count("generate") == 2  # the passes as the paper's harness sends them
     assert [o.probe_first_logprob for o in e1] != [o.probe_first_logprob for o in e2]  # a replica floor
-    assert all(o.resume["state_ok"] and o.resume["state"] == "identical" for o in e1 + e2)
+    assert all(o.resume.state_ok and o.resume.state == "identical" for o in e1 + e2)
     sync = dataclasses.replace(SETTINGS, submission="synchronized")
     s1, s2 = (engine.run_pass(jobs, name, sync, state) for name in ("exact1", "exact2"))
     assert fake.events.count("generate") == 2 and fake.events[-4:] == ["sleep", "enqueue", "wake_up", "wait"]
@@ -444,13 +444,13 @@ def test_a_regeneration_that_diverges_keeps_the_pivots_before_it_and_flags_those
     outs = engine.run_pass(jobs, "exact1", SETTINGS, state)
     for job, out in zip(jobs, outs):
         within = cache_floor(job.abs_pos, 4) <= plen + 12
-        assert out.resume["state"] == ("tokens" if within else "not established")
-        assert out.resume["state_ok"] is within
-    assert {o.resume["state"] for o in outs} == {"tokens", "not established"}
+        assert out.resume.state == ("tokens" if within else "not established")
+        assert out.resume.state_ok is within
+    assert {o.resume.state for o in outs} == {"tokens", "not established"}
     # a cache hit alone does not verify a pivot whose blocks no regeneration holds
     fake.force_cached = 10_000
     forced = engine.run_pass(jobs, "exact1", SETTINGS, state)
-    assert [o.resume["state_ok"] for o in forced] == [o.resume["state_ok"] for o in outs]
+    assert [o.resume.state_ok for o in forced] == [o.resume.state_ok for o in outs]
     fake.force_cached = None
     # through the records: the kept pivots say how their state came to be, the others are flagged
     p = params.make({"engine": "vllm", "device": "cuda", "stop_at_answer": False, "k": SETTINGS.k,
@@ -472,13 +472,14 @@ def test_exact_passes_that_resume_different_regenerations_are_flagged():
         STATE_TOKENS,
         state_established,
     )
-    same = {"state": "tokens", "establishment": 1}
-    assert state_established([same, dict(same)]) == STATE_TOKENS
-    assert state_established([same, {**same, "establishment": 2}]) == "regenerated, differs between passes"
-    assert state_established([{"state": "identical", "establishment": 1},
-                              {"state": "identical", "establishment": 2}]) == STATE_IDENTICAL
-    assert state_established([same, {"state": "not established", "establishment": 1}]) == "not established"
-    assert state_established([{"state_ok": True}]) == "not established"  # an engine that cannot say
+    from replaylib.measure.engine import ResumeReport as R
+    same = R(state="tokens", establishment=1)
+    assert state_established([same, R(state="tokens", establishment=1)]) == STATE_TOKENS
+    assert state_established([same, R(state="tokens", establishment=2)]) == "regenerated, differs between passes"
+    assert state_established([R(state="identical", establishment=1),
+                              R(state="identical", establishment=2)]) == STATE_IDENTICAL
+    assert state_established([same, R(state="not established", establishment=1)]) == "not established"
+    assert state_established([R(state_ok=True)]) == "not established"  # an engine that cannot say
 
 
 def test_compile_cache_kept_under_the_run_directory(monkeypatch, tmp_path):

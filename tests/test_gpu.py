@@ -85,7 +85,7 @@ def scenario(mode: str) -> dict:
             base = outs["exact1"][job.pivot_id]
             for name in ("exact1", "exact2"):
                 out["exact_pivot_passes"] += 1
-                out["exact_requests_ok"] += bool(outs[name][job.pivot_id].resume["state_ok"])
+                out["exact_requests_ok"] += bool(outs[name][job.pivot_id].resume.state_ok)
             for name in ("exact2", "refeed"):
                 o = outs[name][job.pivot_id]
                 out["differ"][name] += (o.continuations, o.probe_ids) != (base.continuations, base.probe_ids)

@@ -54,9 +54,9 @@ def test_transplants_by_default_move_the_other_state(tiny_engine, trunks_state):
     lp = lambda outs: [o.probe_first_logprob for o in outs]
     assert lp(xr) != lp(e1)
     assert lp(xd) != lp(rf)
-    assert [o.resume["min_cached_tokens"] for o in xd] == [j.abs_pos for j in jobs]
-    assert [o.resume["min_cached_tokens"] for o in xr] == [0, 0, 0]
-    assert all(o.resume["state_ok"] for o in xd)
+    assert [o.resume.min_cached_tokens for o in xd] == [j.abs_pos for j in jobs]
+    assert [o.resume.min_cached_tokens for o in xr] == [0, 0, 0]
+    assert all(o.resume.state_ok for o in xd)
     # the injected default equals the state a fresh prefix prefill gives
     fresh = {j.pivot_id: tiny_engine.fresh_prefix_state(j) for j in jobs}
     again = tiny_engine.run_pass(jobs, "xplant_refeed_kv", SETTINGS, state, prefix_state=fresh)

@@ -342,7 +342,7 @@ def main_paper7b(args, log) -> int:
             cont_tokens += sum(n for _, n in lengths)
             if name.startswith("exact"):
                 exact_pivots += len(outs)
-                verified += sum(bool(o.resume.get("state_ok")) for o in outs)
+                verified += sum(bool(o.resume.state_ok) for o in outs)
         per_problem.append((pid, time.perf_counter() - tp, state["established"], state["established"] - establishes))
     replay_s = time.perf_counter() - t_replay
     log(f"replay: {len(all_jobs)} pivots, {cont_tokens} continuation + probe tokens in {replay_s:.1f} s; exact "

@@ -68,12 +68,26 @@ class PassSettings:
 
 
 @dataclass
+class ResumeReport:
+    """What one pass observed of the prefix state it continued from, for one pivot: the records' exactness
+    columns. None where the pass or the engine has nothing to say (state_ok: not an exact pass)."""
+    state_ok: bool | None = None  # an exact pass resumed the decode-time state as it was produced
+    state: str | None = None  # where that state was: saved (transformers), identical or tokens (vLLM), not established
+    establishment: int | None = None  # vLLM: which regeneration of the problem's trunks the pass resumed
+    cache_hit: bool | None = None  # vLLM: every request found the pivot's blocks in the prefix cache
+    min_cached_tokens: int | None = None  # the fewest prefix tokens any of the pivot's requests found cached
+    preemptions: int | None = None  # vLLM: requests preempted during the pass (None: unknown)
+    first_step_exact: bool | None = None  # the first post-pivot step reproduced the trunk's raw top-k bit for bit
+    placed: bool | None = None  # transformers: every row's cache held the state's tensors as placed
+
+
+@dataclass
 class PivotOutput:
     pivot_id: int
     continuations: dict  # arm -> list of K token-id lists
     probe_ids: dict  # arm -> greedy probe token ids
     probe_first_logprob: dict  # arm -> raw logprob of the probe's first token
-    resume: dict = field(default_factory=dict)  # exactness report of this pass for this pivot
+    resume: ResumeReport = field(default_factory=ResumeReport)
 
 
 class EngineUnavailable(RuntimeError):

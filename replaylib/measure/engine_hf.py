@@ -21,7 +21,15 @@ import torch.nn.functional as F
 
 from ..core import progress
 from . import engines
-from .engine import ARMS, PassSettings, PivotJob, PivotOutput, Trunk, chat_prompt_ids
+from .engine import (
+    ARMS,
+    PassSettings,
+    PivotJob,
+    PivotOutput,
+    ResumeReport,
+    Trunk,
+    chat_prompt_ids,
+)
 from .grading import answer_complete
 from .hf_prefix_states import PrefixStates, row_state, stacked_cache
 from .state import ResidentState, load_state
@@ -363,12 +371,11 @@ class HFEngine(PrefixStates):
         for start in range(0, len(jobs), per_chunk):
             outputs += self._run_chunk(jobs[start:start + per_chunk], kind, settings, state, alone, prefix_state)
         for out, job in zip(outputs, jobs):
-            out.resume["min_cached_tokens"] = {"exact": job.abs_pos, "block": job.abs_pos // 16 * 16,
+            out.resume.min_cached_tokens = {"exact": job.abs_pos, "block": job.abs_pos // 16 * 16,
                                                "xdecode": job.abs_pos}.get(kind, 0)
-            placed = out.resume.pop("placed")
             if kind in ("exact", "xdecode") and verified:
-                out.resume["state_ok"] = bool(verified[job.rollout] and placed)
-                out.resume["state"] = "saved"  # the sampling stage's tensors, digest-checked as placed
+                out.resume.state_ok = bool(verified[job.rollout] and out.resume.placed)
+                out.resume.state = "saved"  # the sampling stage's tensors, digest-checked as placed
         return outputs
 
     def check_regeneration(self, jobs: list[PivotJob], settings: PassSettings, state) -> dict:
@@ -543,7 +550,7 @@ class HFEngine(PrefixStates):
 
     def _collect(self, job: PivotJob, layout, part, settings) -> PivotOutput:
         conts, probe_ids, probe_lp = {a: [] for a in ARMS}, {}, {}
-        resume = {"placed": all(part["placed"])}
+        resume = ResumeReport(placed=all(part["placed"]))
         for (arm, what), tokens, first_lp, first_topk in zip(layout, part["tokens"], part["first_lp"],
                                                             part["first_topk"]):
             if what == "probe":
@@ -551,7 +558,7 @@ class HFEngine(PrefixStates):
                 probe_lp[arm] = float(first_lp[tokens[0]])
                 if arm == "actual" and job.trunk_next is not None:
                     # does the first post-pivot step reproduce the trunk's own raw top-k bit for bit?
-                    resume["first_step_exact"] = (first_topk[0] == list(job.trunk_next[0])
+                    resume.first_step_exact = (first_topk[0] == list(job.trunk_next[0])
                                                   and first_topk[1] == list(job.trunk_next[1]))
             else:
                 conts[arm].append(tokens)

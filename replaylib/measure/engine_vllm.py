@@ -85,6 +85,7 @@ from .engine import (
     PassSettings,
     PivotJob,
     PivotOutput,
+    ResumeReport,
     Trunk,
     chat_prompt_ids,
 )
@@ -507,13 +508,13 @@ class VLLMEngine:
                     self._establish(state)
                 state["allocated"] += need
             part = self._run(chunk, pass_name, settings, state if exact else None)
-            n = part[0].resume["preemptions"] if part else 0
+            n = part[0].resume.preemptions if part else 0
             preempted = None if n is None or preempted is None else preempted + n
             outputs += part
         for out in outputs:  # the pass's count: any preemption or unknown count leaves no pivot verified
-            out.resume["preemptions"] = preempted
+            out.resume.preemptions = preempted
             if exact:
-                out.resume["state_ok"] = bool(out.resume["state_ok"] and preempted == 0)
+                out.resume.state_ok = bool(out.resume.state_ok and preempted == 0)
         return outputs
 
     def _run(self, jobs: list[PivotJob], pass_name: str, settings: PassSettings, state: dict | None,
@@ -556,11 +557,11 @@ class VLLMEngine:
                 rec["conts"][arm].append(_ints(comp.token_ids))
         results = []
         for job, rec in zip(jobs, per_job):
-            resume = {"min_cached_tokens": min(rec["cached"]), "first_step_exact": None, "preemptions": preempted}
+            resume = ResumeReport(min_cached_tokens=min(rec["cached"]), preemptions=preempted)
             if state is not None:
-                hit = all(c >= cache_floor(job.abs_pos, self.kv_block_size) for c in rec["cached"])
-                resident = self._resident(job, state)
-                resume.update({"cache_hit": hit, "state": resident, "establishment": state["established"],
-                               "state_ok": bool(hit and preempted == 0 and resident != "not established")})
+                resume.cache_hit = all(c >= cache_floor(job.abs_pos, self.kv_block_size) for c in rec["cached"])
+                resume.state = self._resident(job, state)
+                resume.establishment = state["established"]
+                resume.state_ok = bool(resume.cache_hit and preempted == 0 and resume.state != "not established")
             results.append(PivotOutput(job.pivot_id, rec["conts"], rec["probe"], rec["lp"], resume))
         return results

@@ -75,9 +75,9 @@ NOT_ESTABLISHED = ("not established",  # no regeneration reached the pivot's blo
                    "regenerated, differs between passes")  # exact passes resumed different, non-identical states
 
 
-def state_established(resumes: list[dict]) -> str:
-    """One pivot's state source from its exact passes' resume reports (engine_hf / engine_vllm)."""
-    states = [r.get("state") for r in resumes]
+def state_established(resumes: list) -> str:
+    """One pivot's state source from its exact passes' resume reports (``ResumeReport``)."""
+    states = [r.state for r in resumes]
     if any(s is None or s == "not established" for s in states):
         return "not established"
     if all(s == "saved" for s in states):
@@ -85,7 +85,7 @@ def state_established(resumes: list[dict]) -> str:
     if all(s == "identical" for s in states):
         return STATE_IDENTICAL
     # a regeneration that only agrees in tokens is its own state: the exact passes must share it
-    if len({r.get("establishment") for r in resumes}) == 1:
+    if len({r.establishment for r in resumes}) == 1:
         return STATE_TOKENS
     return "regenerated, differs between passes"
 
@@ -119,11 +119,11 @@ def pivot_record(job: PivotJob, pivot, outs: dict, wins: dict, estimates: dict, 
     # the state was produced; vLLM: every request hit the cache, no preemption, trunks regenerated);
     # an engine that cannot say counts as not verified
     for name in [p for p in passes if is_exact(p)]:
-        rec[f"cache_ok_{name}"] = bool(state_ok and outs[name].resume.get("state_ok", False))
+        rec[f"cache_ok_{name}"] = bool(state_ok and outs[name].resume.state_ok)
     for name in passes:  # the numbers behind cache_ok, per pass (preemptions: None where unknown)
-        rec[f"min_cached_tokens_{name}"] = outs[name].resume.get("min_cached_tokens")
-        rec[f"preemptions_{name}"] = outs[name].resume.get("preemptions")
-    rec["first_step_exact"] = outs["exact1"].resume.get("first_step_exact")
+        rec[f"min_cached_tokens_{name}"] = outs[name].resume.min_cached_tokens
+        rec[f"preemptions_{name}"] = outs[name].resume.preemptions
+    rec["first_step_exact"] = outs["exact1"].resume.first_step_exact
     rec["regenerates_trunk"] = regenerates
     rec["state_established"] = state_established([outs[p].resume for p in passes if is_exact(p)])
     rec["exact_ok"] = bool(all(rec[f"cache_ok_{p}"] for p in passes if is_exact(p))
