@@ -122,7 +122,7 @@ def test_trunk_identity_identical_one_token_differs_one_logprob_differs():
     trunks, _, _, _ = sample(engine)
     df = table(trunks)
     state, clean = engine.problem_state(None, 1, df)
-    assert state["identical"] == {0: True, 1: True, 2: True} and all(clean.values())
+    assert state.identical == {0: True, 1: True, 2: True} and all(clean.values())
     assert fake.events[-2:] == ["reset", "generate"]  # regenerated on a fresh cache: the blocks are resident
     token = df.copy()
     row = token.index[(token.problem_id == 1) & (token.rollout == 1)][0]
@@ -130,7 +130,7 @@ def test_trunk_identity_identical_one_token_differs_one_logprob_differs():
     gen[3] = gen[3] + 1
     token.at[row, "gen_ids"] = gen
     state, clean = engine.problem_state(None, 1, token)
-    assert state["identical"] == {0: True, 1: False, 2: True} and state["agree"][1] == 3
+    assert state.identical == {0: True, 1: False, 2: True} and state.agree[1] == 3
     assert all(clean.values())  # the regeneration itself ran clean: pivots are judged one by one
     logp = df.copy()
     row = logp.index[(logp.problem_id == 1) & (logp.rollout == 2)][0]
@@ -138,10 +138,10 @@ def test_trunk_identity_identical_one_token_differs_one_logprob_differs():
     lps[4][1] = lps[4][1] + 1e-7
     logp.at[row, "topk_logprobs"] = lps
     state, _ = engine.problem_state(None, 1, logp)
-    assert state["identical"] == {0: True, 1: True, 2: False}
-    assert state["agree"][2] == len(trunks[1][2].gen_ids)  # same tokens: its pivots resume with state 'tokens'
+    assert state.identical == {0: True, 1: True, 2: False}
+    assert state.agree[2] == len(trunks[1][2].gen_ids)  # same tokens: its pivots resume with state 'tokens'
     no_seed = df.drop(columns=["seed"])  # the invariant stage's table: seeds are the trunk hash
-    assert all(engine.problem_state(None, 0, no_seed)[0]["identical"].values())
+    assert all(engine.problem_state(None, 0, no_seed)[0].identical.values())
 
 
 def test_exact_pass_builds_one_call_of_token_id_requests_and_maps_outputs_back(replay_setup):
@@ -266,13 +266,13 @@ def test_work_is_split_to_keep_the_trunk_blocks_from_eviction():
     state, _ = engine.problem_state(None, 0, table(trunks))
     jobs = jobs_for(trunks, 0, SETTINGS.k)
     largest = max(engine.job_blocks(j, SETTINGS) for j in jobs)
-    engine.num_blocks = state["trunk_blocks"] + largest + 1  # room for one pivot's work at a time
+    engine.num_blocks = state.trunk_blocks + largest + 1  # room for one pivot's work at a time
     fake.events.clear()
     outs = engine.run_pass(jobs, "exact1", SETTINGS, state)
     assert fake.events.count("generate") > 1 and [o.pivot_id for o in outs] == [j.pivot_id for j in jobs]
     assert "reset" in fake.events  # the trunks were re-established between calls
     assert all(o.resume.state_ok for o in outs)
-    engine.num_blocks = state["trunk_blocks"] + largest - 1
+    engine.num_blocks = state.trunk_blocks + largest - 1
     with pytest.raises(RuntimeError, match="raise gpu_memory_utilization"):
         engine.run_pass(jobs, "exact1", SETTINGS, state)
 
@@ -283,7 +283,7 @@ def test_preemptions_flag_the_pass_and_the_regeneration(replay_setup):
     outs = engine.run_pass(jobs_for(trunks, 0, SETTINGS.k), "exact1", SETTINGS, state)
     assert all(o.resume.preemptions == 2 and o.resume.state_ok is False for o in outs)
     state, clean = engine.problem_state(None, 0, df)
-    assert not any(clean.values()) and not any(state["identical"].values())
+    assert not any(clean.values()) and not any(state.identical.values())
     assert all(o.resume.state == "not established"
                for o in engine.run_pass(jobs_for(trunks, 0, SETTINGS.k), "exact1", SETTINGS, state))
     assert engine.preemptions["exact1 pass"] == 4  # two exact1 passes, 2 each
@@ -403,7 +403,7 @@ def test_multiprocess_trunks_are_submitted_synchronized_and_regenerate_bit_for_b
     # sampling and the regeneration: pause, queue, resume, collect; never a racing generate
     assert "generate" not in fake.events
     assert fake.events[:5] == ["reset", "sleep", "enqueue", "wake_up", "wait"]
-    assert all(clean.values()) and all(state["identical"].values())
+    assert all(clean.values()) and all(state.identical.values())
     assert engine.describe()["serving"] == "multiprocess"
     assert engine.describe()["trunk_submission"] == "synchronized"
 
@@ -437,8 +437,8 @@ def test_a_regeneration_that_diverges_keeps_the_pivots_before_it_and_flags_those
     plen = len(prompts[0])
     df = table(trunks)
     state, clean = engine.problem_state(None, 0, df)
-    assert state["identical"] == {0: True, 1: False, 2: True} and all(clean.values())
-    assert state["agree"][1] == 12
+    assert state.identical == {0: True, 1: False, 2: True} and all(clean.values())
+    assert state.agree[1] == 12
     positions = [i for i in (5, 9, 14, 20) if i < len(trunks[0][1].gen_ids)]
     jobs = [j for j in jobs_for(trunks, 0, SETTINGS.k, positions=positions) if j.rollout == 1]
     outs = engine.run_pass(jobs, "exact1", SETTINGS, state)
@@ -467,12 +467,12 @@ def test_a_regeneration_that_diverges_keeps_the_pivots_before_it_and_flags_those
 
 
 def test_exact_passes_that_resume_different_regenerations_are_flagged():
+    from replaylib.measure.engine import ResumeReport as R
     from replaylib.measure.replay import (
         STATE_IDENTICAL,
         STATE_TOKENS,
         state_established,
     )
-    from replaylib.measure.engine import ResumeReport as R
     same = R(state="tokens", establishment=1)
     assert state_established([same, R(state="tokens", establishment=1)]) == STATE_TOKENS
     assert state_established([same, R(state="tokens", establishment=2)]) == "regenerated, differs between passes"

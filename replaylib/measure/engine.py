@@ -108,7 +108,9 @@ class Engine(Protocol):
     A *decode-time state* is whatever lets an engine resume the KV a trunk had while it was decoded:
     the transformers engine returns it from ``sample_trunks`` (problem -> rollout -> tensors; the
     sampling stage saves it with ``replaylib.measure.state.save_state``), the vLLM engine keeps it in its
-    prefix cache and returns None (the replay stage re-establishes it)."""
+    prefix cache and returns None (the replay stage re-establishes it). ``problem_state`` hands back the
+    engine's own handle of one problem's resident state (``replaylib.measure.state.ResidentState``;
+    ``replaylib.measure.engine_vllm.ResidentTrunks``), which only that engine's passes read."""
 
     name: str
     stop_ids: set

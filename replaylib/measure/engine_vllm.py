@@ -76,6 +76,7 @@ import logging
 import math
 import os
 import time
+from dataclasses import dataclass, field
 
 from ..core import progress
 from . import engines
@@ -152,6 +153,23 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
+
+
+@dataclass
+class ResidentTrunks:
+    """One problem's trunks as this engine keeps them resident for the exact passes (problem_state): the
+    saved trunks, and what their regeneration in the prefix cache gave."""
+    problem_id: int
+    prompt_ids: list
+    saved: dict  # rollout -> the saved trunk (seed, prompt and generated ids, raw top-k)
+    clean: bool = False  # the regeneration ran without preemption
+    identical: dict = field(default_factory=dict)  # rollout -> regenerated bit for bit (tokens and logprobs)
+    agree: dict = field(default_factory=dict)  # rollout -> generated tokens the regeneration shares with the saved
+    regenerated: list = field(default_factory=list)  # every regenerated sequence: prompt + generated ids
+    trunk_blocks: int = 0  # KV blocks the regenerated trunks hold
+    epoch: int = 0  # the engine's reset count when they were regenerated
+    allocated: int = 0  # blocks the exact passes' requests took since
+    established: int = 0  # regenerations so far
 
 
 class VLLMEngine:
@@ -385,49 +403,49 @@ class VLLMEngine:
         prompts = {tuple(s["prompt_ids"]) for s in saved.values()}
         if len(prompts) != 1:
             raise ValueError(f"problem {problem_id}: its trunks do not share one prompt")
-        state = {"problem_id": problem_id, "prompt_ids": saved[min(saved)]["prompt_ids"], "saved": saved}
+        state = ResidentTrunks(problem_id, saved[min(saved)]["prompt_ids"], saved)
         self._establish(state)
-        return state, {r: state["clean"] for r in saved}
+        return state, {r: state.clean for r in saved}
 
-    def _establish(self, state: dict) -> None:
-        saved = state["saved"]
-        regen, preempted = self._trunk_requests(state["problem_id"], state["prompt_ids"],
+    def _establish(self, state: "ResidentTrunks") -> None:
+        saved = state.saved
+        regen, preempted = self._trunk_requests(state.problem_id, state.prompt_ids,
                                                 [(r, s["seed"]) for r, s in sorted(saved.items())], self.trunk_settings)
         # preempted None: the metrics could not be read, so the regeneration is not known to be clean
-        state["clean"] = preempted == 0
-        state["identical"] = {t.rollout: bool(state["clean"] and t.gen_ids == saved[t.rollout]["gen_ids"]
+        state.clean = preempted == 0
+        state.identical = {t.rollout: bool(state.clean and t.gen_ids == saved[t.rollout]["gen_ids"]
                                               and t.topk_ids == saved[t.rollout]["topk_ids"]
                                               and t.topk_logprobs == saved[t.rollout]["topk_logprobs"])
                               for t in regen}
         # every regenerated sequence (prompt + tokens): its full blocks are what the exact passes resume
-        state["regenerated"] = [list(state["prompt_ids"]) + t.gen_ids for t in regen]
-        state["agree"] = {t.rollout: _common_prefix(t.gen_ids, saved[t.rollout]["gen_ids"]) for t in regen}
-        state["trunk_blocks"] = sum(blocks(max(len(seq), len(state["prompt_ids"]) + len(saved[t.rollout]["gen_ids"])),
-                                           self.kv_block_size) for seq, t in zip(state["regenerated"], regen))
-        state["epoch"], state["allocated"] = self.epoch, 0
-        state["established"] = state.get("established", 0) + 1
-        differ = {r: n for r, n in sorted(state["agree"].items()) if not state["identical"][r]}
-        if not state["clean"]:
+        state.regenerated = [list(state.prompt_ids) + t.gen_ids for t in regen]
+        state.agree = {t.rollout: _common_prefix(t.gen_ids, saved[t.rollout]["gen_ids"]) for t in regen}
+        state.trunk_blocks = sum(blocks(max(len(seq), len(state.prompt_ids) + len(saved[t.rollout]["gen_ids"])),
+                                           self.kv_block_size) for seq, t in zip(state.regenerated, regen))
+        state.epoch, state.allocated = self.epoch, 0
+        state.established += 1
+        differ = {r: n for r, n in sorted(state.agree.items()) if not state.identical[r]}
+        if not state.clean:
             log.warning("problem %d: the trunk regeneration was preempted (or its preemptions could not be read); "
-                        "its pivots are flagged", state["problem_id"])
+                        "its pivots are flagged", state.problem_id)
         elif differ:
             log.warning("problem %d: regenerated trunks differ from the saved ones for rollouts %s (tokens agree "
                         "up to generated index %s); pivots whose resumed blocks lie within the agreeing tokens are "
-                        "kept (state 'tokens'), later ones flagged", state["problem_id"], sorted(differ),
+                        "kept (state 'tokens'), later ones flagged", state.problem_id, sorted(differ),
                         [differ[r] for r in sorted(differ)])
 
-    def _resident(self, job: PivotJob, state: dict) -> str:
+    def _resident(self, job: PivotJob, state: "ResidentTrunks") -> str:
         """How this pivot's resumed blocks came to be cached: 'identical' (its trunk regenerated bit for bit),
         'tokens' (a regenerated trunk has the saved tokens over those blocks, so they are its decode-time
         state), or 'not established' (no regeneration reached them: the pivot is flagged)."""
-        if not state["clean"]:
+        if not state.clean:
             return "not established"
-        if state["identical"].get(job.rollout):
+        if state.identical.get(job.rollout):
             return "identical"
         floor = cache_floor(job.abs_pos, self.kv_block_size)
         want = (job.prompt_ids + job.gen_prefix)[:floor]
         # the KV of a sequence's last token is never computed: its full blocks end before it
-        if any(len(seq) - 1 >= floor and seq[:floor] == want for seq in state["regenerated"]):
+        if any(len(seq) - 1 >= floor and seq[:floor] == want for seq in state.regenerated):
             return "tokens"
         return "not established"
 
@@ -443,17 +461,17 @@ class VLLMEngine:
         lengths = [settings.max_tokens] * settings.k + [settings.probe_tokens]
         return len(ARMS) * sum(blocks(job.abs_pos + 1 + n, self.kv_block_size) - cached for n in lengths)
 
-    def _split(self, jobs: list[PivotJob], settings: PassSettings, state: dict) -> list[list[PivotJob]]:
+    def _split(self, jobs: list[PivotJob], settings: PassSettings, state: ResidentTrunks) -> list[list[PivotJob]]:
         """Jobs in calls whose allocations keep the trunk blocks out of reach of eviction."""
         if self.num_blocks is None:  # the engine did not say: one call, the cache check still verifies
             return [jobs]
-        budget = self.num_blocks - state["trunk_blocks"]
+        budget = self.num_blocks - state.trunk_blocks
         chunks, used = [[]], 0
         for job in jobs:
             need = self.job_blocks(job, settings)
             if need > budget:
                 raise RuntimeError(f"config '{self.config}': one pivot needs up to {need} KV blocks beside the "
-                                   f"{state['trunk_blocks']} trunk blocks, but the engine has {self.num_blocks}; "
+                                   f"{state.trunk_blocks} trunk blocks, but the engine has {self.num_blocks}; "
                                    f"raise gpu_memory_utilization or lower max_cont_tokens / k")
             if chunks[-1] and used + need > budget:
                 chunks.append([])
@@ -483,7 +501,7 @@ class VLLMEngine:
         return self.SamplingParams(temperature=0.0, max_tokens=settings.max_tokens, detokenize=False)
 
     def run_pass(self, jobs: list[PivotJob], pass_name: str, settings: PassSettings,
-                 state: dict | None) -> list[PivotOutput]:
+                 state: ResidentTrunks | None) -> list[PivotOutput]:
         """One pass over pivot jobs, computed by its kind (replaylib.measure.passes): exact resumes the
         resident trunk blocks; refeed resets the prefix cache first; serial runs every request alone."""
         kind = engines.pass_kind("vllm", pass_name)
@@ -503,10 +521,10 @@ class VLLMEngine:
         for chunk in chunks:
             if exact:
                 need = sum(self.job_blocks(j, settings) for j in chunk)
-                over = self.num_blocks is not None and state["allocated"] + need > self.num_blocks - state["trunk_blocks"]
-                if state["epoch"] != self.epoch or over:  # reset since, or the pool could evict the trunks
+                over = self.num_blocks is not None and state.allocated + need > self.num_blocks - state.trunk_blocks
+                if state.epoch != self.epoch or over:  # reset since, or the pool could evict the trunks
                     self._establish(state)
-                state["allocated"] += need
+                state.allocated += need
             part = self._run(chunk, pass_name, settings, state if exact else None)
             n = part[0].resume.preemptions if part else 0
             preempted = None if n is None or preempted is None else preempted + n
@@ -517,7 +535,7 @@ class VLLMEngine:
                 out.resume.state_ok = bool(out.resume.state_ok and preempted == 0)
         return outputs
 
-    def _run(self, jobs: list[PivotJob], pass_name: str, settings: PassSettings, state: dict | None,
+    def _run(self, jobs: list[PivotJob], pass_name: str, settings: PassSettings, state: ResidentTrunks | None,
              alone: bool = False):
         """All requests of these jobs in one generate call, mapped back to pivot and arm.
 
@@ -561,7 +579,7 @@ class VLLMEngine:
             if state is not None:
                 resume.cache_hit = all(c >= cache_floor(job.abs_pos, self.kv_block_size) for c in rec["cached"])
                 resume.state = self._resident(job, state)
-                resume.establishment = state["established"]
+                resume.establishment = state.established
                 resume.state_ok = bool(resume.cache_hit and preempted == 0 and resume.state != "not established")
             results.append(PivotOutput(job.pivot_id, rec["conts"], rec["probe"], rec["lp"], resume))
         return results
