@@ -69,7 +69,11 @@ class Settings:
 
 
 def load_engine(settings: Settings):
+    from transformers.utils import logging as hf_logging
+
     from ..measure.engine_hf import HFEngine
+    hf_logging.set_verbosity_error()  # the terminal gets the tool's lines, not the library's loading bars
+    hf_logging.disable_progress_bar()
     from ..measure.models import resolve_model
     try:
         path = resolve_model(settings.model)
