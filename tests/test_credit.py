@@ -110,14 +110,22 @@ def test_every_field_and_alias_reads_the_same_rollout(rollouts):
         {"prompts": base["prompt_ids"], "responses": base["response_ids"],  # verl
          "reward_model": {"ground_truth": "7"}},
         {"prompt_token_ids": base["prompt_ids"], "output_token_ids": base["response_ids"], "label": "7"},  # OpenRLHF
-        {"answer": "7"}, {"uid": "r0"}, {"index": "r0"}]
+        {"answer": "7"}]
     drops = {"completion_ids": ["response_ids"], "prompts": ["prompt_ids", "response_ids", "ground_truth"],
-             "prompt_token_ids": ["prompt_ids", "response_ids", "ground_truth"], "answer": ["ground_truth"],
-             "uid": ["id"], "index": ["id"]}
+             "prompt_token_ids": ["prompt_ids", "response_ids", "ground_truth"], "answer": ["ground_truth"]}
     for alias in renamed:
         row = {k: v for k, v in base.items() if k not in drops[next(iter(alias))]} | alias
         assert inputs.parse_line(json.dumps(row), "f:1", VOCAB) == ours, alias
     assert (ours.id, ours.ground_truth, ours.data_source, ours.positions) == ("r0", "7", "gsm8k", [2])
+    # padded batches as dumped: verl's attention_mask (prompts left-padded, responses right-padded), TRL's masks
+    p, r = base["prompt_ids"], base["response_ids"]
+    verl = {k: v for k, v in base.items() if k not in ("prompt_ids", "response_ids")} | {
+        "prompts": [0, 0] + p, "responses": r + [0], "attention_mask": [0, 0] + [1] * (len(p) + len(r)) + [0]}
+    assert inputs.parse_line(json.dumps(verl), "f:1", VOCAB) == ours
+    trl = dict(base, prompt_ids=[0] + p, completion_ids=r + [0, 0], prompt_mask=[0] + [1] * len(p),
+               completion_mask=[1] * len(r) + [0, 0])
+    del trl["response_ids"]
+    assert inputs.parse_line(json.dumps(trl), "f:1", VOCAB) == ours
     assert inputs.parse_line(json.dumps(dict(base, id=5)), "f:1", VOCAB).id == 5
     minimal = {k: base[k] for k in ("id", "prompt_ids", "response_ids", "ground_truth")}
     r = inputs.parse_line(json.dumps(minimal), "f:1", VOCAB)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 # field -> the names it is read from, in order (the first present wins)
 ALIASES = {
-    "id": ("id", "uid", "index"),
+    "id": ("id",),  # verl's uid and index name a prompt, shared by its n responses: no alias
     "prompt_ids": ("prompt_ids", "prompts", "prompt_token_ids"),
     "response_ids": ("response_ids", "completion_ids", "responses", "output_token_ids"),
     "ground_truth": ("ground_truth", "reward_model.ground_truth", "label", "answer"),
@@ -80,6 +80,32 @@ def _top_logprobs(value, where: str, n: int, vocab: int) -> list:
     return value
 
 
+def _unpadded(obj: dict, prompt, response, where: str):
+    """Padded batches as dumped: verl's attention_mask over prompts + responses, TRL's prompt_mask and
+    completion_mask; the tokens where a mask is 0 are padding and are dropped."""
+    masks = []
+    if obj.get("attention_mask") is not None and isinstance(prompt, list) and isinstance(response, list):
+        mask = obj["attention_mask"]
+        if not isinstance(mask, list) or len(mask) != len(prompt) + len(response):
+            raise BadInput(f"{where}: field 'attention_mask' must have one 0 or 1 per prompt and response token "
+                           f"({len(prompt) + len(response)})")
+        masks = [("attention_mask", mask[:len(prompt)], mask[len(prompt):])]
+    elif obj.get("prompt_mask") is not None or obj.get("completion_mask") is not None:
+        masks = [("prompt_mask", obj.get("prompt_mask"), obj.get("completion_mask"))]
+    for name, pm, rm in masks:
+        kept = []
+        for ids, m, part in ((prompt, pm, "prompt"), (response, rm, "response")):
+            if m is None:
+                kept.append(ids)
+                continue
+            if not isinstance(m, list) or not isinstance(ids, list) or len(m) != len(ids) or \
+                    not all(x in (0, 1) for x in m):
+                raise BadInput(f"{where}: field '{name}' does not match the {part}'s tokens one 0 or 1 each")
+            kept.append([t for t, keep in zip(ids, m) if keep])
+        prompt, response = kept
+    return prompt, response
+
+
 def parse_line(text: str, where: str, vocab: int) -> Rollout:
     try:
         obj = json.loads(text)
@@ -90,8 +116,9 @@ def parse_line(text: str, where: str, vocab: int) -> Rollout:
     rid = _field(obj, "id")
     if not (_is_int(rid) or (isinstance(rid, str) and rid)):
         raise BadInput(f"{where}: field 'id' is missing or not a string or integer; give each rollout an id")
-    prompt = _token_ids(_field(obj, "prompt_ids"), where, "prompt_ids", vocab)
-    response = _token_ids(_field(obj, "response_ids"), where, "response_ids", vocab)
+    prompt, response = _unpadded(obj, _field(obj, "prompt_ids"), _field(obj, "response_ids"), where)
+    prompt = _token_ids(prompt, where, "prompt_ids", vocab)
+    response = _token_ids(response, where, "response_ids", vocab)
     gold = _field(obj, "ground_truth")
     if not isinstance(gold, (str, int, float)) or isinstance(gold, bool) or gold == "":
         raise BadInput(f"{where}: field 'ground_truth' is missing or not a string; give the reference answer")
