@@ -210,9 +210,17 @@ def test_a_killed_run_resumes_from_its_shards_to_the_same_bytes(tiny_engine, tin
     assert result.returncode == 0, result.stderr[-2000:]
     assert all((cut / "shards" / name).stat().st_mtime_ns == t for name, t in kept.items())  # reused, not rewritten
     assert (cut / "credit.parquet").read_bytes() == (whole / "credit.parquet").read_bytes()
-    # other settings: no shard reused
-    again = json.loads((cut / "shards" / "manifest.json").read_text())
-    assert Settings(model=tiny_model_dir, grader="gsm8k", k=3).key() != again["key"]
+    # a shard is reused only under its own key, and only with the bytes the manifest holds
+    from replaylib.credit.tool import Shards
+    read = inputs.read_rollouts(path, VOCAB)
+    key = json.loads((cut / "shards" / "manifest.json").read_text())["key"]
+    assert all(Shards(cut, key).get(r) is not None for r in read)
+    assert all(Shards(cut, "other settings").get(r) is None for r in read)
+    shard = cut / "shards" / Shards(cut, key).name(read[0])
+    shard.write_bytes(shard.read_bytes()[:-1] + b"x")
+    assert Shards(cut, key).get(read[0]) is None
+    assert Settings(model=tiny_model_dir, grader="gsm8k", k=3).key() != Settings(model=tiny_model_dir,
+                                                                                 grader="gsm8k").key()
 
 
 def test_export_writes_a_run_s_trunks_as_rollouts(tiny_engine, tmp_path):
@@ -230,3 +238,11 @@ def test_export_writes_a_run_s_trunks_as_rollouts(tiny_engine, tmp_path):
     read = inputs.read_rollouts(out, VOCAB)
     assert [r.id for r in read] == ["0:0", "0:1"] and read[1].response_ids == trunks[0][1].gen_ids
     assert kernel.seeds_for("0:1", 8, 2, 1, 0, "replay")["alt"] == [kernel.continuation_seed(0, 1, 10, "alt", 0)]
+
+
+def test_a_run_without_pivots_writes_empty_results(tiny_engine, tiny_model_dir, rollouts, tmp_path):
+    summary = run(write(tmp_path / "r.jsonl", rollouts), tmp_path / "out",
+                  Settings(model=tiny_model_dir, grader="gsm8k", **dict(FAST, margin=0.0)), engine=tiny_engine)
+    assert summary["pivots"] == 0 and summary["floor"] is None
+    assert len(pd.read_parquet(tmp_path / "out" / "credit.parquet")) == 0
+    assert "No pivot" in (tmp_path / "out" / "report.html").read_text()

@@ -79,7 +79,11 @@ def load_engine(settings: Settings):
         path = resolve_model(settings.model)
     except (ValueError, FileNotFoundError) as e:
         raise BadInput(f"--model {settings.model}: {e}") from None
-    return HFEngine(path, settings.device, settings.dtype, invariant=settings.invariant)
+    try:
+        return HFEngine(path, settings.device, settings.dtype, invariant=settings.invariant)
+    except (OSError, RuntimeError, ValueError) as e:
+        raise BadInput(f"--model {settings.model}: cannot be loaded on --device {settings.device} "
+                       f"({e.__class__.__name__}: {str(e)[:160]})") from None
 
 
 def check_seeds(rollouts, settings: Settings, path: Path) -> None:
@@ -94,7 +98,9 @@ def check_seeds(rollouts, settings: Settings, path: Path) -> None:
 
 def rollout_rows(engine, r, settings: Settings, grade) -> list[dict]:
     """One rollout's rows: forced decoding, pivots, passes, certificates."""
-    trunks, state = engine.force_trunks({0: r.prompt_ids}, {0: r.response_ids}, TOP_K)
+    # as wide a top-k as was recorded, so that every recorded entry has its counterpart
+    width = max([TOP_K, *(len(step) for step in r.top_logprobs or [])])
+    trunks, state = engine.force_trunks({0: r.prompt_ids}, {0: r.response_ids}, width)
     trunk = trunks[0][0]
     forced_topk = [[[t, lp] for t, lp in zip(ids, lps)] for ids, lps in zip(trunk.topk_ids, trunk.topk_logprobs)]
     topk = r.top_logprobs if r.top_logprobs is not None else forced_topk
@@ -186,7 +192,9 @@ def run(rollouts_path, out, settings: Settings, engine=None) -> dict:
     except graders.GraderFailed as e:
         raise BadInput(f"{path}:{first.line}: field 'ground_truth': {e}") from None
     out = Path(out)
-    shards = Shards(out, settings.key())
+    # the engine as it describes itself (model path, dtype, kernels) is part of what a shard was computed with
+    shards = Shards(out, hashlib.sha256(f"{settings.key()}|{json.dumps(engine.describe(), sort_keys=True)}"
+                                        .encode()).hexdigest())
     frames = []
     shards.dir.mkdir(parents=True, exist_ok=True)
     bar = progress.bar(shards.dir, "credit", len(rollouts), "rollout")
