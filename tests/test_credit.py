@@ -246,3 +246,23 @@ def test_a_run_without_pivots_writes_empty_results(tiny_engine, tiny_model_dir, 
     assert summary["pivots"] == 0 and summary["floor"] is None
     assert len(pd.read_parquet(tmp_path / "out" / "credit.parquet")) == 0
     assert "No pivot" in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_the_report_escapes_what_it_shows():
+    from replaylib.credit.report import report_html
+    frame = pd.DataFrame([{"id": "<script>alert(1)</script>", "position": 0, "A_resume": 0.5}])
+    summary = {"pivots": 1, "rollouts": 1, "common_pivots": 1, "floor": 0.0, "refeed": None,
+               "settings": {"passes": ["resume"], "model": "<img src=http://x>"}, "engine": {}, "versions": {}}
+    page = report_html(frame, summary)
+    assert "<script>" not in page and "<img" not in page and "&lt;script&gt;" in page
+
+
+def test_a_device_the_machine_lacks_is_refused_in_one_line(rollouts, tiny_model_dir, tmp_path, capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    path = write(tmp_path / "r.jsonl", rollouts)
+    assert cli.main([str(path), "--model", tiny_model_dir, "--grader", "gsm8k", "--out", str(tmp_path / "o"),
+                     "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--device cuda" in err and not (tmp_path / "o").exists()

@@ -152,13 +152,18 @@ class Shards:
         return pd.read_parquet(path)
 
 
-def versions() -> dict:
+def versions(grader: str) -> dict:
+    from importlib.metadata import version
+
     import torch
     import transformers
 
     from .. import __version__
-    return {"replaylib": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version()}
+    found = {"replaylib": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+             "python": platform.python_version()}
+    if grader == "math":
+        found["math-verify"] = version("math-verify")
+    return found
 
 
 def summarize(frame: pd.DataFrame, settings: Settings, n_rollouts: int, engine) -> dict:
@@ -170,7 +175,7 @@ def summarize(frame: pd.DataFrame, settings: Settings, n_rollouts: int, engine) 
                "certificates": {str(k): int(v) for k, v in certs.items()},
                "passes_agree": int(frame["passes_agree"].sum()) if len(frame) else 0,
                "pass_map": {p: kernel.PASS_OF[p] for p in settings.passes},
-               "settings": asdict(settings), "engine": engine.describe(), "versions": versions()}
+               "settings": asdict(settings), "engine": engine.describe(), "versions": versions(settings.grader)}
     if settings.invariant:  # invariant mode: every pass must agree bit for bit
         summary["invariant_ok"] = bool(frame["passes_agree"].all()) if len(frame) else True
     return summary
