@@ -68,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     floor, refeed = summary["floor"], summary["refeed"]
     show = lambda x: "-" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+    certs = ", ".join(f"{n} {c}" for c, n in summary["certificates"].items()) or "none"
     print(f"{summary['pivots']} pivots; sign of A differs from resume's: replica {show(floor)} (the floor), "
-          f"refeed {show(refeed)}; {a.out}/credit.parquet, summary.json, report.html")
+          f"refeed {show(refeed)}; certificates: {certs}; {a.out}/credit.parquet, summary.json, report.html")
+    if summary.get("invariant_ok") is False:
+        print(f"error: --invariant: the passes' continuations differ at {summary['pivots'] - summary['passes_agree']} "
+              f"pivots, where invariant mode must make them identical", file=sys.stderr)
+        return 1
     return 0
