@@ -92,3 +92,15 @@ def test_campaign_notebook_has_no_outputs_and_plain_parameters():
     values = {n.targets[0].id: ast.literal_eval(n.value) for n in ast.parse("".join(tagged[0]["source"])).body}
     assert values == {"campaign": "params/campaign-paper.yaml", "out_dir": ""}
     assert set(papermill.inspect_notebook(str(path))) == {"campaign", "out_dir"}
+
+
+def test_the_credit_notebook_runs_headless_and_its_resume_is_stage_03_s_exact1(tmp_path):
+    """notebooks/07_credit.ipynb: stage 01's trunks exported, credited with stage 03's settings, equal to its
+    exact1 (the notebook asserts it), executed on the tiny model."""
+    import papermill
+    path = REPO / "notebooks" / "07_credit.ipynb"
+    nb = json.loads(path.read_text())
+    assert all(not c.get("outputs") and c.get("execution_count") is None for c in nb["cells"] if c["cell_type"] == "code")
+    papermill.execute_notebook(str(path), str(tmp_path / "07.ipynb"), parameters={"out_dir": str(tmp_path)},
+                               cwd=str(REPO), kernel_name="python3", progress_bar=False)
+    assert (tmp_path / "credit" / "credit.parquet").exists()

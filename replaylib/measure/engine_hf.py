@@ -117,6 +117,7 @@ class _Rows:
     topk: int = 0  # record raw top-k at every step
     stop_at_answer: bool = False
     prefix_text: list[str] | None = None  # for the answer check
+    forced: list[list[int]] | None = None  # forced decoding: each row's tokens, fed one decode step at a time
 
 
 class HFEngine(PrefixStates):
@@ -238,9 +239,12 @@ class HFEngine(PrefixStates):
         while active:
             if rows.topk:
                 lp, ix = raw_topk(logits, rows.topk)
-            chosen = choose_tokens(logits, [rows.temperature[b] for b in active], [rows.top_p[b] for b in active],
-                                   [position_uniform(rows.seeds[b], pos[b]) if rows.temperature[b] > 0 else 0.0
-                                    for b in active])
+            if rows.forced:
+                chosen = [rows.forced[b][len(tokens[b])] for b in active]
+            else:
+                chosen = choose_tokens(logits, [rows.temperature[b] for b in active], [rows.top_p[b] for b in active],
+                                       [position_uniform(rows.seeds[b], pos[b]) if rows.temperature[b] > 0 else 0.0
+                                        for b in active])
             keep = []
             for j, b in enumerate(active):
                 t = chosen[j]
@@ -249,7 +253,7 @@ class HFEngine(PrefixStates):
                     top_ids[b].append(ix[j].tolist())
                     top_lps[b].append(lp[j].tolist())
                 done = None
-                if t in self.stop_ids:
+                if t in self.stop_ids and (not rows.forced or len(tokens[b]) >= rows.max_new[b]):
                     done = "eos"
                 elif rows.stop_at_answer and texts is not None and texts[b] is not None:
                     texts[b] += self.tok.decode([t])
@@ -290,6 +294,20 @@ class HFEngine(PrefixStates):
         holding the KV the model had while decoding (prompt + every fed generated token).
         """
         jobs = [(pid, r) for pid in prompts for r in range(n_rollouts)]
+        return self._trunks(jobs, prompts, seeds, temperature, top_p, [max_new_tokens] * len(jobs), top_logprobs)
+
+    def force_trunks(self, prompts: dict, responses: dict, top_logprobs: int):
+        """Forced decoding: each response fed one decode step at a time from its prompt's prefill, as
+        sample_trunks decodes (same batches, same state kept); returns (trunks by key, state by key), each
+        key's trunk and state as rollout 0 of a one-trunk problem. The raw top-k of every step is what
+        decoding the response computed: equal, bit for bit, to what sampling it recorded at the same batch shape."""
+        keys = list(prompts)
+        if any(not responses[key] for key in keys):
+            raise ValueError("force_trunks: every response needs at least one token")
+        return self._trunks([(key, 0) for key in keys], prompts, {(key, 0): 0 for key in keys}, 0.0, 1.0,
+                            [len(responses[key]) for key in keys], top_logprobs, [responses[key] for key in keys])
+
+    def _trunks(self, jobs, prompts, seeds, temperature, top_p, max_new: list, top_logprobs, forced=None):
         trunks, state = {pid: [] for pid in prompts}, {pid: {} for pid in prompts}
         step = 1 if self.invariant else max(1, self.max_batch_rows)
         for start in range(0, len(jobs), step):
@@ -297,7 +315,8 @@ class HFEngine(PrefixStates):
             seqs = [prompts[pid] for pid, _ in chunk]
             logits, cache, mask, pads = self._prefill(seqs)
             rows = _Rows(seeds=[seeds[j] for j in chunk], temperature=[temperature] * len(chunk),
-                         top_p=[top_p] * len(chunk), max_new=[max_new_tokens] * len(chunk), topk=top_logprobs)
+                         top_p=[top_p] * len(chunk), max_new=max_new[start:start + step], topk=top_logprobs,
+                         forced=forced[start:start + step] if forced else None)
             tokens, top_ids, top_lps, finish, states = self._decode(logits, cache, mask, [len(s) for s in seqs],
                                                                     rows, keep_state=True)
             for b, (pid, r) in enumerate(chunk):

@@ -51,12 +51,14 @@ def build_jobs(pivots: pd.DataFrame, trunks: pd.DataFrame, k: int) -> list[Pivot
     return jobs
 
 
-def estimate(job: PivotJob, out, gold: str, task: str, decode) -> tuple[float, dict]:
-    """A = mean(R | actual) - mean(R | alt), grading prefix + forced token + continuation."""
+def estimate(job: PivotJob, out, gold: str, task: str, decode, grader=None) -> tuple[float, dict]:
+    """A = mean(R | actual) - mean(R | alt), grading prefix + forced token + continuation
+    (grader(text, gold) -> 0 or 1; the task's rule by default)."""
+    grader = grader or (lambda text, g: grade(text, g, task))
     wins = {}
     for arm in ARMS:
         head = job.gen_prefix + [job.forced[arm]]
-        wins[arm] = [grade(decode(head + c), gold, task) for c in out.continuations[arm]]
+        wins[arm] = [grader(decode(head + c), gold) for c in out.continuations[arm]]
     a = sum(wins["actual"]) / len(wins["actual"]) - sum(wins["alt"]) / len(wins["alt"])
     return a, wins
 

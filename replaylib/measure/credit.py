@@ -1,0 +1,134 @@
+"""Counterfactual token credit on rollouts from elsewhere: what decides the bytes of the credit tool's
+records (replaylib.credit). A rollout's decode-time state is rebuilt by forced decoding
+(``HFEngine.force_trunks``), its pivots are chosen by the pivot rule's margin, and each pass is the
+replay kernel's (``PivotJob``, ``Engine.run_pass``, ``replay.estimate``): the tool's ``resume`` is
+exact1, ``replica`` exact2 and ``refeed`` refeed.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+from .engine import ARMS, PassSettings, PivotJob
+from .replay import estimate
+from .seeds import continuation_seed, stable_seed
+
+PASS_OF = {"resume": "exact1", "replica": "exact2", "refeed": "refeed"}
+TOOL_PASSES = tuple(PASS_OF)
+
+
+def margin_and_alt(topk: list, token: int) -> tuple[float, int | None]:
+    """Top-1 minus top-2 logprob of one step's top-k ([[token id, logprob], ...]) and the best token
+    other than the one decoded (None where the top-k holds no other)."""
+    ranked = sorted(topk, key=lambda pair: -pair[1])
+    margin = ranked[0][1] - ranked[1][1] if len(ranked) >= 2 else math.inf
+    alt = next((int(t) for t, _ in ranked if int(t) != token), None)
+    return float(margin), alt
+
+
+def select_pivots(response: list[int], topk: list, margin: float, max_pivots: int, special_ids: set,
+                  positions: list[int] | None = None) -> list[dict]:
+    """The pivots of one response: the given positions, or the positions whose margin is below `margin`,
+    lowest margins first (ties by position), at most max_pivots; a pivot's alternative is the best other
+    token. Special tokens are never forced (the pivot rule's exclusion)."""
+    found = []
+    for i in (positions if positions is not None else range(len(response))):
+        m, alt = margin_and_alt(topk[i], response[i])
+        if alt is None or (positions is None and (m >= margin or alt in special_ids or response[i] in special_ids)):
+            continue
+        found.append({"position": int(i), "token_id": int(response[i]), "alt_token_id": alt, "margin": m})
+    if positions is None:
+        found = sorted(found, key=lambda p: (p["margin"], p["position"]))[:max_pivots]
+    return sorted(found, key=lambda p: p["position"])
+
+
+def certificate(recorded: list | None, ids: list, logprobs: list, upto: int) -> str:
+    """Whether forced decoding reproduced the recorded top-k at positions 0..upto (the steps whose state a
+    resume at `upto` holds or predicts from): "bit-exact", or the largest |logprob difference| over the
+    recorded entries, or "not recorded"."""
+    if recorded is None:
+        return "not recorded"
+    worst, same_ids = 0.0, True
+    for i in range(upto + 1):
+        mine = dict(zip(ids[i], logprobs[i]))
+        for token, lp in recorded[i]:
+            if int(token) not in mine:
+                same_ids = False
+                continue
+            worst = max(worst, abs(float(lp) - mine[int(token)]))
+    if worst == 0.0 and same_ids:
+        return "bit-exact"
+    return f"max |diff| {worst:.3g}" + ("" if same_ids else ", top-k ids differ")
+
+
+def seeds_for(rollout_id, prompt_len: int, position: int, k: int, seed: int, scheme: str) -> dict:
+    """Arm -> K continuation seeds. "hash": hashed from (id, position, arm, k, seed); "replay": stage 03's
+    continuation_seed(problem_id, rollout, abs_pos, arm, k), the id being "<problem_id>:<rollout>"."""
+    if scheme == "replay":
+        problem_id, rollout = (int(x) for x in str(rollout_id).split(":"))
+        return {arm: [continuation_seed(problem_id, rollout, prompt_len + position, arm, j) for j in range(k)]
+                for arm in ARMS}
+    return {arm: [stable_seed("credit", rollout_id, position, arm, j, seed) for j in range(k)] for arm in ARMS}
+
+
+def jobs_for(prompt: list[int], response: list[int], pivots: list[dict], seeds: list[dict]) -> list[PivotJob]:
+    """One rollout's pivot jobs (rollout 0 of a one-trunk problem, as force_trunks keeps its state)."""
+    return [PivotJob(pivot_id=n, problem_id=0, rollout=0, gen_index=p["position"], prompt_ids=list(prompt),
+                     gen_prefix=list(response[:p["position"]]),
+                     forced={"actual": p["token_id"], "alt": p["alt_token_id"]}, seeds=s)
+            for n, (p, s) in enumerate(zip(pivots, seeds))]
+
+
+def interval(wins: dict, z: float = 1.96) -> tuple[float, float]:
+    """A normal-approximation 95% interval for A from the K Bernoulli samples of each arm (crude at small K)."""
+    p = {arm: sum(w) / len(w) for arm, w in wins.items()}
+    se = math.sqrt(sum(p[a] * (1 - p[a]) / len(wins[a]) for a in ARMS))
+    a = p["actual"] - p["alt"]
+    return max(-1.0, a - z * se), min(1.0, a + z * se)
+
+
+def sign(x: float) -> int:
+    return (x > 0) - (x < 0)
+
+
+def within_floor(row: dict) -> bool | None:
+    """Refeed's sign agrees with resume's, or the replica's also differs at this pivot (None without all three)."""
+    if not all(f"A_{p}" in row for p in TOOL_PASSES):
+        return None
+    base = sign(row["A_resume"])
+    return sign(row["A_refeed"]) == base or sign(row["A_replica"]) != base
+
+
+def credit_rollout(engine, prompt: list[int], response: list[int], pivots: list[dict], seeds: list[dict],
+                   passes: list[str], settings: PassSettings, state, grade_text) -> list[dict]:
+    """Every pass over one rollout's pivots, estimated as the replay stage estimates: a row per pivot with
+    A_<pass>, its interval, wins per arm, and whether all passes' continuations agree token for token.
+    grade_text(text) -> 0 or 1; state: the rollout's decode-time state (force_trunks)."""
+    jobs = jobs_for(prompt, response, pivots, seeds)
+    outs = {name: {o.pivot_id: o for o in engine.run_pass(jobs, PASS_OF[name], settings, state)} for name in passes}
+    rows = []
+    for job in jobs:
+        row = {}
+        for name in passes:
+            out = outs[name][job.pivot_id]
+            a, wins = estimate(job, out, "", settings.task, engine.decode, lambda text, _gold: grade_text(text))
+            row[f"A_{name}"] = a
+            row[f"A_{name}_lo"], row[f"A_{name}_hi"] = interval(wins)
+            for arm in ARMS:
+                row[f"wins_{name}_{arm}"] = int(sum(wins[arm]))
+            # what was graded, per arm: the K continuations' token ids (JSON text, as the replay records hold them)
+            row[f"continuations_{name}"] = json.dumps({arm: [[int(t) for t in c] for c in out.continuations[arm]]
+                                                       for arm in ARMS})
+        conts = [outs[name][job.pivot_id].continuations for name in passes]
+        row["passes_agree"] = all(c == conts[0] for c in conts)
+        row["within_floor"] = within_floor(row)
+        rows.append(row)
+    return rows
+
+
+def share_differing(rows: list[dict], other: str) -> float | None:
+    """Among common pivots (some pass's A != 0), the share where `other`'s sign of A differs from resume's."""
+    common = [r for r in rows if any(r[f"A_{p}"] != 0 for p in TOOL_PASSES if f"A_{p}" in r)]
+    if not common or f"A_{other}" not in common[0] or "A_resume" not in common[0]:
+        return None
+    return sum(sign(r[f"A_{other}"]) != sign(r["A_resume"]) for r in common) / len(common)

@@ -1,0 +1,14 @@
+"""Graders for tests/test_credit.py, with verl's compute_score signature."""
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """Success when the text holds the ground truth's first character (often, on a random model)."""
+    return {"score": float(ground_truth[:1] in solution_str), "data_source": data_source}
+
+
+def always(data_source, solution_str, ground_truth, extra_info=None):
+    return 1
+
+
+def broken(data_source, solution_str, ground_truth, extra_info=None):
+    raise KeyError("no such field")

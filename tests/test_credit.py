@@ -1,0 +1,268 @@
+"""The credit tool (python -m replaylib.credit) on a tiny random-weight model: input fields and their
+aliases, the certificate, resume against its replica, a user's grader, bad input refused in one line,
+a killed run resumed from its shards."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from replaylib.credit import cli, inputs
+from replaylib.credit.tool import Settings, run
+from replaylib.measure import credit as kernel
+
+REPO = Path(__file__).resolve().parents[1]
+VOCAB = 600
+FAST = dict(k=2, max_cont_tokens=6, margin=9.0, max_pivots_per_rollout=2)
+
+
+def sampled_rollouts(engine, n=2, max_new=10):
+    """Rollouts the engine itself sampled, as a JSONL would carry them (recorded top-k included)."""
+    prompt = [1, 345, 267, 201, 44, 279, 320, 161]
+    trunks, _ = engine.sample_trunks({0: prompt}, n, {(0, r): 100 + r for r in range(n)}, 0.7, 0.95, max_new, 5)
+    return [{"id": f"r{t.rollout}", "prompt_ids": t.prompt_ids, "response_ids": t.gen_ids, "ground_truth": "7",
+             "top_logprobs": [[[i, lp] for i, lp in zip(ids, lps)] for ids, lps in zip(t.topk_ids, t.topk_logprobs)]}
+            for t in trunks[0]]
+
+
+def write(path: Path, rows) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def rollouts(tiny_engine):
+    return sampled_rollouts(tiny_engine)
+
+
+@pytest.fixture(scope="module")
+def credited(tiny_engine, tiny_model_dir, rollouts, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("credit")
+    out = tmp / "out"
+    summary = run(write(tmp / "r.jsonl", rollouts), out, Settings(model=tiny_model_dir, grader="tests.credit_grader:"
+                                                                  "compute_score", **FAST), engine=tiny_engine)
+    return out, summary
+
+
+def test_the_certificate_is_bit_exact_on_the_engine_s_own_rollouts(credited):
+    out, summary = credited
+    frame = pd.read_parquet(out / "credit.parquet")
+    assert len(frame) == summary["pivots"] > 0
+    assert set(frame.certificate) == {"bit-exact"} and set(frame.margin_source) == {"recorded"}
+    for col in ["id", "position", "token_id", "alt_token_id", "margin", "k", "A_resume", "A_replica", "A_refeed",
+                "A_resume_lo", "A_resume_hi", "wins_resume_actual", "wins_refeed_alt", "certificate", "within_floor"]:
+        assert col in frame.columns, col
+    assert {"pivots", "floor", "refeed", "settings", "versions"} <= set(summary)
+    page = (out / "report.html").read_text()
+    assert "Content-Security-Policy" in page and "<script" not in page and "http" not in page.split("<body>")[1]
+
+
+def test_resume_equals_its_replica_on_the_transformers_engine(credited):
+    frame = pd.read_parquet(credited[0] / "credit.parquet")
+    assert (frame.A_resume == frame.A_replica).all()
+    assert (frame.continuations_resume == frame.continuations_replica).all()
+    assert credited[1]["floor"] in (None, 0.0)
+
+
+def test_perturbed_top_logprobs_are_not_bit_exact(tiny_engine, tiny_model_dir, rollouts, tmp_path):
+    bad = json.loads(json.dumps(rollouts))
+    for r in bad:
+        r["top_logprobs"][0][0][1] += 1e-6  # position 0 precedes every pivot
+    run(write(tmp_path / "r.jsonl", bad), tmp_path / "out", Settings(model=tiny_model_dir, grader="gsm8k", **FAST),
+        engine=tiny_engine)
+    certs = set(pd.read_parquet(tmp_path / "out" / "credit.parquet").certificate)
+    assert certs and not certs & {"bit-exact"} and all(c.startswith("max |diff| 1e-06") for c in certs), certs
+
+
+def test_without_top_logprobs_margins_come_from_the_forced_decode_and_positions_are_obeyed(
+        tiny_engine, tiny_model_dir, rollouts, tmp_path):
+    bare = [{k: v for k, v in r.items() if k != "top_logprobs"} for r in rollouts]
+    bare[0]["positions"] = [3, 1]
+    run(write(tmp_path / "r.jsonl", bare), tmp_path / "out", Settings(model=tiny_model_dir, grader="gsm8k", **FAST),
+        engine=tiny_engine)
+    frame = pd.read_parquet(tmp_path / "out" / "credit.parquet")
+    assert set(frame.margin_source) == {"forced"} and set(frame.certificate) == {"not recorded"}
+    assert frame[frame.id == "r0"].position.tolist() == [1, 3]
+    # the forced decode's margins are the recorded ones: same pivots as with top_logprobs
+    recorded = [p["position"] for p in kernel.select_pivots(rollouts[1]["response_ids"], rollouts[1]["top_logprobs"],
+                                                             9.0, 2, tiny_engine.special_ids)]
+    assert frame[frame.id == "r1"].position.tolist() == recorded
+
+
+def test_invariant_mode_makes_every_pass_agree(tiny_invariant_engine, tiny_model_dir, rollouts, tmp_path):
+    one = [dict(rollouts[0], response_ids=rollouts[0]["response_ids"][:4], top_logprobs=None)]
+    summary = run(write(tmp_path / "r.jsonl", one), tmp_path / "out",
+                  Settings(model=tiny_model_dir, grader="gsm8k", invariant=True, k=1, max_cont_tokens=3,
+                           margin=99.0, max_pivots_per_rollout=1), engine=tiny_invariant_engine)
+    assert summary["pivots"] == 1 and summary["invariant_ok"] is True
+
+
+def test_every_field_and_alias_reads_the_same_rollout(rollouts):
+    base = dict(rollouts[0], data_source="gsm8k", positions=[2])
+    ours = inputs.parse_line(json.dumps(base), "f:1", VOCAB)
+    renamed = [
+        {"completion_ids": base["response_ids"]},  # TRL
+        {"prompts": base["prompt_ids"], "responses": base["response_ids"],  # verl
+         "reward_model": {"ground_truth": "7"}},
+        {"prompt_token_ids": base["prompt_ids"], "output_token_ids": base["response_ids"], "label": "7"},  # OpenRLHF
+        {"answer": "7"}]
+    drops = {"completion_ids": ["response_ids"], "prompts": ["prompt_ids", "response_ids", "ground_truth"],
+             "prompt_token_ids": ["prompt_ids", "response_ids", "ground_truth"], "answer": ["ground_truth"]}
+    for alias in renamed:
+        row = {k: v for k, v in base.items() if k not in drops[next(iter(alias))]} | alias
+        assert inputs.parse_line(json.dumps(row), "f:1", VOCAB) == ours, alias
+    assert (ours.id, ours.ground_truth, ours.data_source, ours.positions) == ("r0", "7", "gsm8k", [2])
+    # padded batches as dumped: verl's attention_mask (prompts left-padded, responses right-padded), TRL's masks
+    p, r = base["prompt_ids"], base["response_ids"]
+    verl = {k: v for k, v in base.items() if k not in ("prompt_ids", "response_ids")} | {
+        "prompts": [0, 0] + p, "responses": r + [0], "attention_mask": [0, 0] + [1] * (len(p) + len(r)) + [0]}
+    assert inputs.parse_line(json.dumps(verl), "f:1", VOCAB) == ours
+    trl = dict(base, prompt_ids=[0] + p, completion_ids=r + [0, 0], prompt_mask=[0] + [1] * len(p),
+               completion_mask=[1] * len(r) + [0, 0])
+    del trl["response_ids"]
+    assert inputs.parse_line(json.dumps(trl), "f:1", VOCAB) == ours
+    assert inputs.parse_line(json.dumps(dict(base, id=5)), "f:1", VOCAB).id == 5
+    minimal = {k: base[k] for k in ("id", "prompt_ids", "response_ids", "ground_truth")}
+    r = inputs.parse_line(json.dumps(minimal), "f:1", VOCAB)
+    assert r.top_logprobs is None and r.positions is None and r.data_source is None
+
+
+def test_the_graders(rollouts):
+    from replaylib.credit import graders
+    r = inputs.parse_line(json.dumps(dict(rollouts[0], ground_truth="72")), "f:1", VOCAB)
+    assert graders.scorer(graders.load("gsm8k"), "gsm8k", 0)("so the answer is 72", r) == 1
+    assert graders.scorer(graders.load("math"), "math", 0)("the answer is $\\boxed{72}$", r) == 1
+    assert graders.scorer(graders.load("math"), "math", 0)("the answer is $\\boxed{71}$", r) == 0
+    user = graders.scorer(graders.load("tests.credit_grader:compute_score"), "u", 0)
+    assert user("7 apples", r) == 1 and user("no", r) == 0
+    assert graders.scorer(graders.load("tests.credit_grader:always"), "u", 1)("x", r) == 0  # --success-above 1
+
+
+def bad_cases(rollouts):
+    good = {k: rollouts[0][k] for k in ("id", "prompt_ids", "response_ids", "ground_truth")}
+    n = len(good["response_ids"])
+    return {
+        "text": ([dict(good, response_ids="the answer is 7")], "gsm8k", "response_ids"),
+        "vocab": ([dict(good, prompt_ids=[1, VOCAB + 5])], "gsm8k", "prompt_ids"),
+        "position": ([dict(good, positions=[n])], "gsm8k", "positions"),
+        "ground_truth": ([{k: v for k, v in good.items() if k != "ground_truth"}], "gsm8k", "ground_truth"),
+        "top_logprobs": ([dict(good, top_logprobs=[[[1, 0.0]]])], "gsm8k", "top_logprobs"),
+        "import": ([good], "tests.no_such_grader:compute_score", "--grader"),
+        "raises": ([good], "tests.credit_grader:broken", "ground_truth"),
+        "repeated id": ([good, good], "gsm8k", "id"),
+        "not json": (["{"], "gsm8k", "JSON"),
+    }
+
+
+@pytest.mark.parametrize("case", ["text", "vocab", "position", "ground_truth", "top_logprobs", "import", "raises",
+                                  "repeated id", "not json"])
+def test_bad_input_is_refused_in_one_line_and_nothing_is_written(case, rollouts, tiny_model_dir, tmp_path, capsys):
+    rows, grader, field = bad_cases(rollouts)[case]
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    out = tmp_path / "out"
+    assert cli.main([str(path), "--model", tiny_model_dir, "--grader", grader, "--out", str(out), "--k", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and field in err, err
+    if field != "--grader":
+        assert f"{path}:{len(rows)}" in err, err
+    assert not out.exists()
+
+
+def test_the_vllm_engine_is_refused_in_one_line(rollouts, tiny_model_dir, tmp_path, capsys):
+    path = write(tmp_path / "r.jsonl", rollouts)
+    assert cli.main([str(path), "--model", tiny_model_dir, "--grader", "gsm8k", "--out", str(tmp_path / "o"),
+                     "--engine", "vllm"]) == 2
+    assert "the vLLM path is not built yet" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def command(path, out, model):
+    return [sys.executable, "-m", "replaylib.credit", str(path), "--model", model, "--grader", "gsm8k",
+            "--out", str(out), "--k", "2", "--max-cont-tokens", "6", "--margin", "9", "--max-pivots-per-rollout", "2"]
+
+
+def test_a_killed_run_resumes_from_its_shards_to_the_same_bytes(tiny_engine, tiny_model_dir, tmp_path):
+    rows = sampled_rollouts(tiny_engine, n=4, max_new=8)
+    path = write(tmp_path / "r.jsonl", rows)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    subprocess.run(command(path, whole, tiny_model_dir), env=env, check=True, capture_output=True)
+    proc = subprocess.Popen(command(path, cut, tiny_model_dir), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    manifest = cut / "shards" / "manifest.json"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if manifest.exists() and json.loads(manifest.read_text())["shards"]:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = json.loads(manifest.read_text())["shards"]
+    kept = {name: (cut / "shards" / name).stat().st_mtime_ns for name in done}
+    assert 0 < len(done) and not (cut / "credit.parquet").exists()
+    result = subprocess.run(command(path, cut, tiny_model_dir), env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert all((cut / "shards" / name).stat().st_mtime_ns == t for name, t in kept.items())  # reused, not rewritten
+    assert (cut / "credit.parquet").read_bytes() == (whole / "credit.parquet").read_bytes()
+    # a shard is reused only under its own key, and only with the bytes the manifest holds
+    from replaylib.credit.tool import Shards
+    read = inputs.read_rollouts(path, VOCAB)
+    key = json.loads((cut / "shards" / "manifest.json").read_text())["key"]
+    assert all(Shards(cut, key).get(r) is not None for r in read)
+    assert all(Shards(cut, "other settings").get(r) is None for r in read)
+    shard = cut / "shards" / Shards(cut, key).name(read[0])
+    shard.write_bytes(shard.read_bytes()[:-1] + b"x")
+    assert Shards(cut, key).get(read[0]) is None
+    assert Settings(model=tiny_model_dir, grader="gsm8k", k=3).key() != Settings(model=tiny_model_dir,
+                                                                                 grader="gsm8k").key()
+
+
+def test_export_writes_a_run_s_trunks_as_rollouts(tiny_engine, tmp_path):
+    from replaylib.credit.export import export
+    prompt = [1, 345, 267, 201, 44, 279, 320, 161]
+    trunks, _ = tiny_engine.sample_trunks({0: prompt}, 2, {(0, 0): 3, (0, 1): 4}, 0.7, 0.95, 8, 5)
+    stage = tmp_path / "runs" / "tiny" / "01_sampling"
+    stage.mkdir(parents=True)
+    pd.DataFrame([{"problem_id": 0, "rollout": t.rollout, "kept": True, "prompt_ids": t.prompt_ids,
+                   "gen_ids": t.gen_ids, "topk_ids": t.topk_ids, "topk_logprobs": t.topk_logprobs}
+                  for t in trunks[0]]).to_parquet(stage / "trunks.parquet")
+    (stage / "params.json").write_text(json.dumps({"params": {"task": "gsm8k"}}))
+    out = tmp_path / "rollouts.jsonl"
+    assert export(tmp_path / "runs" / "tiny", out) == 2
+    read = inputs.read_rollouts(out, VOCAB)
+    assert [r.id for r in read] == ["0:0", "0:1"] and read[1].response_ids == trunks[0][1].gen_ids
+    assert kernel.seeds_for("0:1", 8, 2, 1, 0, "replay")["alt"] == [kernel.continuation_seed(0, 1, 10, "alt", 0)]
+
+
+def test_a_run_without_pivots_writes_empty_results(tiny_engine, tiny_model_dir, rollouts, tmp_path):
+    summary = run(write(tmp_path / "r.jsonl", rollouts), tmp_path / "out",
+                  Settings(model=tiny_model_dir, grader="gsm8k", **dict(FAST, margin=0.0)), engine=tiny_engine)
+    assert summary["pivots"] == 0 and summary["floor"] is None
+    assert len(pd.read_parquet(tmp_path / "out" / "credit.parquet")) == 0
+    assert "No pivot" in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_the_report_escapes_what_it_shows():
+    from replaylib.credit.report import report_html
+    frame = pd.DataFrame([{"id": "<script>alert(1)</script>", "position": 0, "A_resume": 0.5}])
+    summary = {"pivots": 1, "rollouts": 1, "common_pivots": 1, "floor": 0.0, "refeed": None,
+               "settings": {"passes": ["resume"], "model": "<img src=http://x>"}, "engine": {}, "versions": {}}
+    page = report_html(frame, summary)
+    assert "<script>" not in page and "<img" not in page and "&lt;script&gt;" in page
+
+
+def test_a_device_the_machine_lacks_is_refused_in_one_line(rollouts, tiny_model_dir, tmp_path, capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    path = write(tmp_path / "r.jsonl", rollouts)
+    assert cli.main([str(path), "--model", tiny_model_dir, "--grader", "gsm8k", "--out", str(tmp_path / "o"),
+                     "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--device cuda" in err and not (tmp_path / "o").exists()
