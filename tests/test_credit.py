@@ -69,6 +69,14 @@ def test_resume_equals_its_replica_on_the_transformers_engine(credited):
     assert credited[1]["floor"] in (None, 0.0)
 
 
+def test_the_python_api_returns_the_frame_the_command_writes(tiny_engine, tiny_model_dir, rollouts, credited, tmp_path):
+    from replaylib.credit import estimate
+    frame = estimate(rollouts, model=tiny_model_dir, grader="tests.credit_grader:compute_score", out=tmp_path / "api",
+                     engine=tiny_engine, **FAST)
+    pd.testing.assert_frame_equal(frame, pd.read_parquet(credited[0] / "credit.parquet"))
+    assert (tmp_path / "api" / "summary.json").exists() and (tmp_path / "api" / "rollouts.jsonl").exists()
+
+
 def test_perturbed_top_logprobs_are_not_bit_exact(tiny_engine, tiny_model_dir, rollouts, tmp_path):
     bad = json.loads(json.dumps(rollouts))
     for r in bad:

@@ -2,7 +2,12 @@
 import torch
 
 from replaylib.measure.engine import ARMS, PassSettings, PivotJob
-from replaylib.measure.engine_hf import choose_tokens, position_uniform, raw_topk
+from replaylib.measure.engine_hf import (
+    HFEngine,
+    choose_tokens,
+    position_uniform,
+    raw_topk,
+)
 from replaylib.measure.seeds import continuation_seed, stable_seed, trunk_seed
 from replaylib.measure.state import load_state, save_state, state_digest
 
@@ -235,3 +240,19 @@ def test_regeneration_check_runs_apart_from_the_passes(tiny_engine):
     without = tiny_engine.run_pass(jobs, "exact1", SETTINGS, state)
     assert [channels(x) for x in with_check] == [channels(y) for y in without]
     assert all(not hasattr(o.resume, "regenerates_trunk") for o in with_check)
+
+
+def test_on_cuda_every_forward_pass_uses_the_attention_kernel_that_reproduces_itself():
+    """On CUDA the default cuDNN attention kernel is not reproducible run to run on masked batches (lease 9);
+    the engine runs the memory-efficient one there and records it; on the CPU it changes nothing."""
+    from replaylib.measure.engine_hf import CUDA_ATTENTION_KERNEL
+    engine = object.__new__(HFEngine)
+    engine.device = torch.device("cuda")
+    with engine._attention_kernel():
+        enabled = (torch.backends.cuda.mem_efficient_sdp_enabled(), torch.backends.cuda.cudnn_sdp_enabled(),
+                   torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled())
+    assert CUDA_ATTENTION_KERNEL == "EFFICIENT_ATTENTION" and enabled == (True, False, False, False)
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored after the forward pass
+    engine.device = torch.device("cpu")
+    with engine._attention_kernel():
+        assert torch.backends.cuda.cudnn_sdp_enabled()

@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,9 @@ from .grading import answer_complete
 from .hf_prefix_states import PrefixStates, row_state, stacked_cache
 from .state import ResidentState, load_state
 
+# on CUDA, attention's default cuDNN kernel does not reproduce itself run to run on this engine's masked
+# batches; the memory-efficient kernel does, and takes the mask (docs/gpu-h200.md, lease 9)
+CUDA_ATTENTION_KERNEL = "EFFICIENT_ATTENTION"
 NUCLEUS_CANDIDATES = 128  # the nucleus is searched among the top tokens first (full sort as fallback)
 
 
@@ -166,10 +170,17 @@ class HFEngine(PrefixStates):
         self.model = self._model32 = None
 
     def describe(self) -> dict:
+        cuda = {"attention_kernel": CUDA_ATTENTION_KERNEL} if self.device.type == "cuda" else {}
         return {"engine": "hf", "model": self.model_path, "device": str(self.device), "dtype": self.dtype_name,
                 "linear_kernel": self.linear_kernel, "invariant": self.invariant,
-                "prefix_precision": self.prefix_precision,
-                "attention": self.model.config._attn_implementation}
+                "prefix_precision": self.prefix_precision, "attention": self.model.config._attn_implementation, **cuda}
+
+    def _attention_kernel(self):
+        """The attention kernel every forward pass uses: on CUDA the one that reproduces itself."""
+        if self.device.type != "cuda":
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        return sdpa_kernel([getattr(SDPBackend, CUDA_ATTENTION_KERNEL)])
 
     def _swap_linears(self):
         for name, module in list(self.model.named_modules()):
@@ -187,9 +198,10 @@ class HFEngine(PrefixStates):
     # ---------------------------------------------------------------- model calls
     @torch.inference_mode()
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor | None, model=None):
-        out = (model or self.model)(input_ids=ids.to(self.device), position_ids=positions.to(self.device),
-                         attention_mask=None if mask is None else mask.to(self.device),
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        with self._attention_kernel():
+            out = (model or self.model)(input_ids=ids.to(self.device), position_ids=positions.to(self.device),
+                                        attention_mask=None if mask is None else mask.to(self.device),
+                                        past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1].float(), out.past_key_values
 
     def _new_cache(self, keys=None, values=None):
