@@ -331,7 +331,7 @@ def main_paper7b(args, log) -> int:
         state, _ = engine.problem_state(None, pid, trunk_rows)
         times["establish"] += time.perf_counter() - t0
         calls.append([(w["prompt_tokens"], w["trunk_tokens"])] * w["rollouts"])
-        establishes = state["established"]
+        establishes = state.established
         for name in w["passes"]:
             t0 = time.perf_counter()
             outs = engine.run_pass(jobs_by[pid], name, settings, state)
@@ -343,7 +343,7 @@ def main_paper7b(args, log) -> int:
             if name.startswith("exact"):
                 exact_pivots += len(outs)
                 verified += sum(bool(o.resume.state_ok) for o in outs)
-        per_problem.append((pid, time.perf_counter() - tp, state["established"], state["established"] - establishes))
+        per_problem.append((pid, time.perf_counter() - tp, state.established, state.established - establishes))
     replay_s = time.perf_counter() - t_replay
     log(f"replay: {len(all_jobs)} pivots, {cont_tokens} continuation + probe tokens in {replay_s:.1f} s; exact "
         f"requests verified from the cache on {verified}/{exact_pivots} pivot-passes; trunk establishments "

@@ -718,7 +718,7 @@ def e2e_setting(engine, setup: dict, variant: dict, budget: Budget | None, repor
         outs[label] = got
         res["passes"][label] = {"seconds": round(last, 2), "tokens": tokens,
                                 "tokens_per_s": round(tokens / last, 1) if last else None,
-                                "state_ok": sum(bool(o.resume.get("state_ok")) for o in got.values())}
+                                "state_ok": sum(bool(o.resume.state_ok) for o in got.values())}
         if report_cb:
             report_cb(res)
     for x, y in E2E_PAIRS:
