@@ -237,8 +237,8 @@ def test_export_writes_a_run_s_trunks_as_rollouts(tiny_engine, tmp_path):
     trunks, _ = tiny_engine.sample_trunks({0: prompt}, 2, {(0, 0): 3, (0, 1): 4}, 0.7, 0.95, 8, 5)
     stage = tmp_path / "runs" / "tiny" / "01_sampling"
     stage.mkdir(parents=True)
-    pd.DataFrame([{"problem_id": 0, "rollout": t.rollout, "kept": True, "prompt_ids": t.prompt_ids,
-                   "gen_ids": t.gen_ids, "topk_ids": t.topk_ids, "topk_logprobs": t.topk_logprobs}
+    from replaylib.measure.sampling import trunk_row  # the trunk table as stage 01 writes it
+    pd.DataFrame([trunk_row(t, kept=True, text=tiny_engine.decode(t.gen_ids), correct=0)
                   for t in trunks[0]]).to_parquet(stage / "trunks.parquet")
     (stage / "params.json").write_text(json.dumps({"params": {"task": "gsm8k"}}))
     out = tmp_path / "rollouts.jsonl"
@@ -246,6 +246,9 @@ def test_export_writes_a_run_s_trunks_as_rollouts(tiny_engine, tmp_path):
     read = inputs.read_rollouts(out, VOCAB)
     assert [r.id for r in read] == ["0:0", "0:1"] and read[1].response_ids == trunks[0][1].gen_ids
     assert kernel.seeds_for("0:1", 8, 2, 1, 0, "replay")["alt"] == [kernel.continuation_seed(0, 1, 10, "alt", 0)]
+    pd.DataFrame([{"problem_id": 0, "kept": True}]).to_parquet(stage / "trunks.parquet")  # not stage 01's table
+    with pytest.raises(inputs.BadInput, match="trunks.parquet: has no column"):
+        export(tmp_path / "runs" / "tiny", out)
 
 
 def test_a_run_without_pivots_writes_empty_results(tiny_engine, tiny_model_dir, rollouts, tmp_path):

@@ -6,13 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pandas as pd
-
 from ..core.files import atomic_write_bytes
 from ..measure.data import load_problems
+from ..runtime.outputs import PIVOTS, SAMPLING, kept_trunks, read_pivots
 from .inputs import BadInput
-
-SAMPLING, PIVOTS = "01_sampling", "02_pivot_mining"
 
 
 def rollout_lines(run_dir: Path, with_pivots: bool = False) -> list[str]:
@@ -22,15 +19,17 @@ def rollout_lines(run_dir: Path, with_pivots: bool = False) -> list[str]:
         raise BadInput(f"{run_dir}: no finished stage 01 ({trunks_path.name}, {params_path.name}); give runs/<config>")
     task = json.loads(params_path.read_text())["params"]["task"]
     gold = {p.problem_id: p.gold for p in load_problems(task)}
-    trunks = pd.read_parquet(trunks_path)
-    trunks = trunks[trunks.kept]
     positions = {}
-    if with_pivots:
-        pivots_path = run_dir / PIVOTS / "pivots.parquet"
-        if not pivots_path.is_file():
-            raise BadInput(f"{run_dir}: --with-pivots needs a finished stage 02 ({pivots_path})")
-        for p in pd.read_parquet(pivots_path).itertuples(index=False):
-            positions.setdefault((int(p.problem_id), int(p.rollout)), []).append(int(p.gen_index))
+    try:  # the run's tables as every reader checks them (a malformed one: one line naming the file)
+        trunks = kept_trunks(run_dir / SAMPLING)
+        if with_pivots:
+            pivots_path = run_dir / PIVOTS / "pivots.parquet"
+            if not pivots_path.is_file():
+                raise BadInput(f"{run_dir}: --with-pivots needs a finished stage 02 ({pivots_path})")
+            for p in read_pivots(pivots_path).itertuples(index=False):
+                positions.setdefault((int(p.problem_id), int(p.rollout)), []).append(int(p.gen_index))
+    except ValueError as e:
+        raise BadInput(str(e)) from None
     lines = []
     for t in trunks.itertuples(index=False):
         key = (int(t.problem_id), int(t.rollout))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from ..core import progress
 from ..core.files import atomic_save, atomic_write_bytes, atomic_write_json, sha256_file
 from ..measure import credit as kernel
 from ..measure.engine import PassSettings
+from ..runtime import rundir
 from . import graders
 from .inputs import BadInput, read_rollouts
 
@@ -153,14 +153,9 @@ class Shards:
 
 
 def versions(grader: str) -> dict:
+    """The versions a manifest records (runtime.rundir.versions), with math-verify's where it grades."""
     from importlib.metadata import version
-
-    import torch
-    import transformers
-
-    from .. import __version__
-    found = {"replaylib": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-             "python": platform.python_version()}
+    found = rundir.versions()
     if grader == "math":
         found["math-verify"] = version("math-verify")
     return found

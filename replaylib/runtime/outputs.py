@@ -4,6 +4,7 @@ received run's files are refused in one line naming the file and the column."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 
@@ -20,11 +21,16 @@ PIVOT_COLUMNS = {"pivot_id": "int", "problem_id": "id", "rollout": "id", "gen_in
                  "margin": "number", "actual": "id", "alt": "id", "rollout_correct": "int"}
 
 
+def kept_trunks(stage: Path) -> pd.DataFrame:
+    """A stage-1 directory's trunks of the kept problems, checked against the trunk table's schema."""
+    trunks = check_columns(pd.read_parquet(stage / "trunks.parquet"), stage / "trunks.parquet", TRUNK_COLUMNS)
+    return trunks[trunks.kept].reset_index(drop=True)
+
+
 def load_sampling(params, out_dir=None) -> tuple[pd.DataFrame, dict, dict]:
     """Stage 1's trunks (kept problems), engine info and problem list."""
     path = stage_dir(params.config, SAMPLING, out_dir)
-    trunks = check_columns(pd.read_parquet(path / "trunks.parquet"), path / "trunks.parquet", TRUNK_COLUMNS)
-    return (trunks[trunks.kept].reset_index(drop=True), json.loads((path / "engine.json").read_text()),
+    return (kept_trunks(path), json.loads((path / "engine.json").read_text()),
             json.loads((path / "problems.json").read_text()))
 
 
@@ -35,9 +41,13 @@ def state_digests(params, out_dir=None) -> dict:
     return {int(pid): {int(r): d for r, d in per.items()} for pid, per in manifest.get("state_digests", {}).items()}
 
 
-def load_pivots(params, out_dir=None) -> pd.DataFrame:
-    path = stage_dir(params.config, PIVOTS, out_dir) / "pivots.parquet"
+def read_pivots(path: Path) -> pd.DataFrame:
+    """A pivot table, checked against its schema."""
     return check_columns(pd.read_parquet(path), path, PIVOT_COLUMNS)
+
+
+def load_pivots(params, out_dir=None) -> pd.DataFrame:
+    return read_pivots(stage_dir(params.config, PIVOTS, out_dir) / "pivots.parquet")
 
 
 def load_margins(params, out_dir=None) -> pd.DataFrame:
