@@ -21,11 +21,14 @@ VOCAB = 600
 FAST = dict(k=2, max_cont_tokens=6, margin=9.0, max_pivots_per_rollout=2)
 
 
-def sampled_rollouts(engine, n=2, max_new=10):
+PROMPT = [1, 345, 267, 201, 44, 279, 320, 161]
+
+
+def sampled_rollouts(engine, n=2, max_new=10, prompt=tuple(PROMPT), tag="r"):
     """Rollouts the engine itself sampled, as a JSONL would carry them (recorded top-k included)."""
-    prompt = [1, 345, 267, 201, 44, 279, 320, 161]
+    prompt = list(prompt)
     trunks, _ = engine.sample_trunks({0: prompt}, n, {(0, r): 100 + r for r in range(n)}, 0.7, 0.95, max_new, 5)
-    return [{"id": f"r{t.rollout}", "prompt_ids": t.prompt_ids, "response_ids": t.gen_ids, "ground_truth": "7",
+    return [{"id": f"{tag}{t.rollout}", "prompt_ids": t.prompt_ids, "response_ids": t.gen_ids, "ground_truth": "7",
              "top_logprobs": [[[i, lp] for i, lp in zip(ids, lps)] for ids, lps in zip(t.topk_ids, t.topk_logprobs)]}
             for t in trunks[0]]
 
@@ -182,11 +185,15 @@ def test_bad_input_is_refused_in_one_line_and_nothing_is_written(case, rollouts,
     assert not out.exists()
 
 
-def test_the_vllm_engine_is_refused_in_one_line(rollouts, tiny_model_dir, tmp_path, capsys):
+def test_the_vllm_engine_without_vllm_is_refused_in_one_line(rollouts, tiny_model_dir, tmp_path, capsys):
+    pytest.importorskip("transformers")
+    if __import__("importlib").util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
     path = write(tmp_path / "r.jsonl", rollouts)
     assert cli.main([str(path), "--model", tiny_model_dir, "--grader", "gsm8k", "--out", str(tmp_path / "o"),
-                     "--engine", "vllm"]) == 2
-    assert "the vLLM path is not built yet" in capsys.readouterr().err
+                     "--engine", "vllm", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "vLLM 0.22.1" in err, err
     assert not (tmp_path / "o").exists()
 
 
@@ -196,7 +203,9 @@ def command(path, out, model):
 
 
 def test_a_killed_run_resumes_from_its_shards_to_the_same_bytes(tiny_engine, tiny_model_dir, tmp_path):
-    rows = sampled_rollouts(tiny_engine, n=4, max_new=8)
+    # two prompts: two groups, two shards
+    rows = sampled_rollouts(tiny_engine, n=2, max_new=8) + sampled_rollouts(tiny_engine, n=2, max_new=8,
+                                                                            prompt=PROMPT[:6], tag="s")
     path = write(tmp_path / "r.jsonl", rows)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     whole, cut = tmp_path / "whole", tmp_path / "cut"
@@ -219,8 +228,9 @@ def test_a_killed_run_resumes_from_its_shards_to_the_same_bytes(tiny_engine, tin
     assert all((cut / "shards" / name).stat().st_mtime_ns == t for name, t in kept.items())  # reused, not rewritten
     assert (cut / "credit.parquet").read_bytes() == (whole / "credit.parquet").read_bytes()
     # a shard is reused only under its own key, and only with the bytes the manifest holds
-    from replaylib.credit.tool import Shards
-    read = inputs.read_rollouts(path, VOCAB)
+    from replaylib.credit.tool import Shards, groups_of
+    read = groups_of(inputs.read_rollouts(path, VOCAB))
+    assert len(read) == 2
     key = json.loads((cut / "shards" / "manifest.json").read_text())["key"]
     assert all(Shards(cut, key).get(r) is not None for r in read)
     assert all(Shards(cut, "other settings").get(r) is None for r in read)

@@ -7,6 +7,8 @@ import hashlib
 import random
 from types import SimpleNamespace
 
+from replaylib.measure.vllm_forcing import FORCE_KEY
+
 VOCAB, EOS, STOP2 = 40, 2, 3
 
 
@@ -14,9 +16,11 @@ VOCAB, EOS, STOP2 = 40, 2, 3
 class FakeSP:
     """Stands in for vllm.SamplingParams: keeps what it was given."""
 
-    def __init__(self, temperature=1.0, top_p=1.0, max_tokens=16, logprobs=None, seed=None, detokenize=True):
+    def __init__(self, temperature=1.0, top_p=1.0, max_tokens=16, logprobs=None, seed=None, detokenize=True,
+                 ignore_eos=False, extra_args=None):
         self.temperature, self.top_p, self.max_tokens = temperature, top_p, max_tokens
         self.logprobs, self.seed, self.detokenize = logprobs, seed, detokenize
+        self.ignore_eos, self.extra_args = ignore_eos, extra_args
 
 
 class Logprob(SimpleNamespace):
@@ -27,10 +31,11 @@ def _h(*parts) -> int:
     return int.from_bytes(hashlib.sha256("|".join(map(str, parts)).encode()).digest()[:8], "little")
 
 
-def complete(ids, sp, forced=None, noise=0):
+def complete(ids, sp, forced=None, noise=0, exact=None):
     """The stand-in model: a deterministic function of (context, seed, settings), vLLM-shaped logprobs.
     forced: {generated index: token} placed instead of the sampled one; noise: a batch-dependent
-    perturbation (0: none) of the logprobs, that also flips the sampled token now and then."""
+    perturbation (0: none) of the logprobs, that also flips the sampled token now and then; exact: the
+    tokens to emit (the forcing logits processor's requests), EOS ignored until they end."""
     ctx, tokens, logprobs, finish = list(ids), [], [], "length"
     for _ in range(sp.max_tokens):
         h = _h(*ctx[-3:])
@@ -44,14 +49,23 @@ def complete(ids, sp, forced=None, noise=0):
         t = top[pick]
         if forced and len(tokens) in forced:
             t = 4 + (forced[len(tokens)] - 4) % (VOCAB - 4)
+        if exact is not None:
+            t = exact[len(tokens)]
+            pick = top.index(t) if t in top else None
         tokens.append(t)
-        if sp.logprobs:
+        if sp.logprobs and pick is None:  # a forced token outside the top 6
+            step = {t: Logprob(logprob=-9.0, rank=VOCAB)}
+            step.update({top[i]: Logprob(logprob=lps[i], rank=i + 1) for i in range(sp.logprobs)})
+            logprobs.append(step)
+        elif sp.logprobs:
             # as vllm/logprobs.py: the sampled token first (its vocabulary rank), then ranks 1..k
             step = {t: Logprob(logprob=lps[pick], rank=pick + 1)}
             step.update({top[i]: Logprob(logprob=lps[i], rank=i + 1) for i in range(sp.logprobs)})
             logprobs.append(step)
         ctx.append(t)
-        if t in (EOS, STOP2):
+        if exact is not None and len(tokens) == len(exact):
+            break
+        if t in (EOS, STOP2) and not sp.ignore_eos:
             finish = "stop"
             break
     return tokens, (logprobs if sp.logprobs else None), finish
@@ -79,11 +93,12 @@ class FakeLLM:
     diverge: {trunk seed: generated index}: every regeneration of that trunk (a trunk request
     after the first with that seed) samples another token there, and so differs from then on."""
 
-    def __init__(self, block_size=4, num_gpu_blocks=None, reset_ok=True, racy=False):
+    def __init__(self, block_size=4, num_gpu_blocks=None, reset_ok=True, racy=False, forcing=False):
         cache_config = SimpleNamespace(block_size=block_size, num_gpu_blocks=num_gpu_blocks)
         self.llm_engine = SimpleNamespace(
             vllm_config=SimpleNamespace(cache_config=cache_config),
-            model_config=SimpleNamespace(try_get_generation_config=lambda: {"eos_token_id": [EOS, STOP2]}),
+            model_config=SimpleNamespace(try_get_generation_config=lambda: {"eos_token_id": [EOS, STOP2]},
+                                         get_vocab_size=lambda: VOCAB),
             engine_core=SimpleNamespace(shutdown=lambda: self.events.append("shutdown")))
         self.bs, self.reset_ok, self.cached = block_size, reset_ok, set()
         self.events, self.calls = [], []
@@ -91,6 +106,7 @@ class FakeLLM:
         self.force_cached = None
         self.racy, self.paused, self.queued, self.race = racy, False, [], 0
         self.diverge, self.trunks_seen = {}, set()
+        self.forcing = forcing  # started with the forcing logits processor (replaylib.measure.vllm_forcing)
 
     def get_tokenizer(self):
         return FakeTokenizer()
@@ -139,14 +155,15 @@ class FakeLLM:
         n = 0  # cached full blocks; the last prompt token is always computed
         while (n + 1) * self.bs <= len(ids) - 1 and tuple(ids[:(n + 1) * self.bs]) in self.cached:
             n += 1
-        tokens, logprobs, finish = complete(ids, sp)
+        exact = (sp.extra_args or {}).get(FORCE_KEY) if self.forcing else None
+        tokens, logprobs, finish = complete(ids, sp, exact=exact)
         if sp.logprobs and sp.seed in self.diverge:  # a trunk request
             if sp.seed in self.trunks_seen:
                 i = self.diverge[sp.seed]
                 tokens, logprobs, finish = complete(ids, sp, forced={i: tokens[i] + 1})
             self.trunks_seen.add(sp.seed)
         if race:
-            tokens, logprobs, finish = complete(ids, sp, noise=race)
+            tokens, logprobs, finish = complete(ids, sp, noise=race, exact=exact)
         fed = list(ids) + tokens[:-1]
         self.cached |= {tuple(fed[:m * self.bs]) for m in range(1, len(fed) // self.bs + 1)}
         comp = SimpleNamespace(token_ids=tokens, logprobs=logprobs, finish_reason=finish)
@@ -154,15 +171,16 @@ class FakeLLM:
         return SimpleNamespace(outputs=[comp], num_cached_tokens=cached)
 
 
-def make_engine(params, invariant: bool = False):
+def make_engine(params, invariant: bool = False, forcing: bool = False):
     """A VLLMEngine on the stand-in, as VLLMEngine.from_params would build the real one (identity,
     configure); its KV blocks are the pivot filter's block_size (4 tokens when that is 1)."""
     from replaylib.measure.engine_vllm import VLLMEngine
     from replaylib.measure.vllm_setup import engine_identity
     racy = params.vllm_serving == "multiprocess" and not invariant  # batch-invariant kernels: no race
     block = params.block_size if params.block_size > 1 else 4
-    engine = VLLMEngine(FakeLLM(block_size=block, racy=racy), FakeSP, model=params.model,
-                        dtype=params.dtype, invariant=invariant, config=params.config, serving=params.vllm_serving)
+    engine = VLLMEngine(FakeLLM(block_size=block, racy=racy, forcing=forcing), FakeSP, model=params.model,
+                        dtype=params.dtype, invariant=invariant, config=params.config, serving=params.vllm_serving,
+                        forcing=forcing)
     engine.identity = engine_identity(params, invariant)
     engine.configure(params)
     return engine

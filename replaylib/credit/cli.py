@@ -25,8 +25,16 @@ def credit_parser() -> argparse.ArgumentParser:
     ap.add_argument("--top-p", type=float, default=0.95, help="continuation nucleus")
     ap.add_argument("--probe-tokens", type=int, default=1, help="greedy probe length per arm")
     ap.add_argument("--stop-at-answer", action="store_true", help="stop a continuation once its boxed answer is complete")
-    ap.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    ap.add_argument("--engine", choices=["hf", "vllm"], default="hf",
+                    help="hf (transformers) or vllm (0.22.1, CUDA: the response forced through its decode)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--serving", choices=["multiprocess", "inprocess"], default="multiprocess",
+                    help="vllm: its default multi-process engine, as pipelines run it, or in-process")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm: share of GPU memory it takes")
+    ap.add_argument("--max-model-len", type=int, default=4096, help="vllm: context length")
+    ap.add_argument("--executor", choices=["local", "ray"], default="local",
+                    help="local: one engine; ray: --workers engines on Ray actors (one GPU each on CUDA)")
+    ap.add_argument("--workers", type=int, default=1, help="ray: engines to start")
     ap.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16")
     ap.add_argument("--invariant", action="store_true", help="the engine's invariant mode: all passes must agree")
     ap.add_argument("--seed", type=int, default=0)
@@ -54,14 +62,18 @@ def main(argv: list[str] | None = None) -> int:
             n = export(a.run_dir, a.out, a.with_pivots)
             print(f"{n} rollouts written to {a.out}")
             return 0
+        from .. import log_to_stdout
         from .tool import Settings, run
         a = credit_parser().parse_args(argv)
+        log_to_stdout()
         settings = Settings(model=a.model, grader=a.grader, passes=[p for p in a.passes.split(",") if p], k=a.k,
                             margin=a.margin, max_pivots_per_rollout=a.max_pivots_per_rollout,
                             max_cont_tokens=a.max_cont_tokens, temperature=a.temperature, top_p=a.top_p,
                             probe_tokens=a.probe_tokens, stop_at_answer=a.stop_at_answer, engine=a.engine,
                             device=a.device, dtype=a.dtype, invariant=a.invariant, seed=a.seed, seeds=a.seeds,
-                            success_above=a.success_above)
+                            success_above=a.success_above, serving=a.serving,
+                            gpu_memory_utilization=a.gpu_memory_utilization, max_model_len=a.max_model_len,
+                            executor=a.executor, workers=a.workers)
         summary = run(a.rollouts, a.out, settings)
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
@@ -69,8 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     floor, refeed = summary["floor"], summary["refeed"]
     show = lambda x: "-" if x is None else f"{100 * x:.1f}%"  # noqa: E731
     certs = ", ".join(f"{n} {c}" for c, n in summary["certificates"].items()) or "none"
+    flagged = f"; {summary['not_verified']} pivots whose resume could not be verified (left out)" \
+        if summary["not_verified"] else ""
     print(f"{summary['pivots']} pivots; sign of A differs from resume's: replica {show(floor)} (the floor), "
-          f"refeed {show(refeed)}; certificates: {certs}; {a.out}/credit.parquet, summary.json, report.html")
+          f"refeed {show(refeed)}; certificates: {certs}{flagged}; {a.out}/credit.parquet, summary.json, "
+          f"timing.json, report.html")
     if summary.get("invariant_ok") is False:
         print(f"error: --invariant: the passes' continuations differ at {summary['pivots'] - summary['passes_agree']} "
               f"pivots, where invariant mode must make them identical", file=sys.stderr)

@@ -25,6 +25,13 @@ def report_html(frame: pd.DataFrame, summary: dict) -> str:
         "<table><tr><th>comparison</th><th>share of common pivots whose sign of A differs from resume's</th></tr>"
         f"<tr><td>replica (the floor)</td><td>{_share(summary['floor'])}</td></tr>"
         f"<tr><td>refeed</td><td>{_share(summary['refeed'])}</td></tr></table>",
+        f"<p>{summary['not_verified']} pivots whose resume could not be verified are left out.</p>"
+        if summary.get("not_verified") else "",
+        "<h2>The paper's claims on these pivots</h2><table><tr><th>claim</th><th>verdict</th><th>n</th>"
+        "<th>number</th><th>why</th></tr>" + "".join(
+            f"<tr><td>{html.escape(c)}</td><td>{html.escape(v['verdict'])}</td><td>{v['n']}</td>"
+            f"<td>{html.escape(v['value'])}</td><td>{html.escape(v['why'])}</td></tr>"
+            for c, v in summary["claims"].items()) + "</table>" if summary.get("claims") else "",
         "<h2>Pivots</h2>",
         table_html(frame[cols]) if len(frame) else "<p>No pivot was found.</p>",
         "<h2>Settings</h2>",

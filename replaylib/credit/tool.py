@@ -1,11 +1,15 @@
-"""The credit tool's run: read and check every rollout, then per rollout (one shard each, reused on a
-rerun under the same settings) rebuild its decode-time state by forced decoding, choose its pivots and
-run the passes; then write credit.parquet, summary.json and report.html, each atomically."""
+"""The credit tool's run: read and check every rollout, group them by prompt, then per group (one shard
+each, reused on a rerun under the same settings) rebuild the decode-time states by forced decoding, choose
+the pivots and run the passes; then write credit.parquet, summary.json, timing.json and report.html, each
+atomically. Groups run on one local engine, or on engines on Ray actors (--executor ray --workers N); what
+a group computes never depends on where it ran."""
 from __future__ import annotations
 
 import hashlib
 import io
 import json
+import logging
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -14,19 +18,19 @@ import pandas as pd
 from ..core import progress
 from ..core.files import atomic_save, atomic_write_bytes, atomic_write_json, sha256_file
 from ..measure import credit as kernel
-from ..measure.engine import PassSettings
+from ..measure.engine import EngineUnavailable, PassSettings
 from ..runtime import rundir
 from . import graders
 from .inputs import BadInput, read_rollouts
 
+log = logging.getLogger("replaylib")
 TOP_K = 5  # top-k the forced decode records per step (margins and alternatives when none are recorded)
-VLLM_NOT_BUILT = ("--engine vllm: the vLLM path is not built yet: resume on vLLM needs the response's blocks "
-                  "written by decode steps (a forced decode through the engine), not a prefill; use --engine hf")
+WHERE = ("executor", "workers")  # where groups run: in no shard's key
 
 
 @dataclass
 class Settings:
-    """Everything that decides a shard's bytes besides the rollout itself (its key)."""
+    """Everything that decides a shard's bytes besides the rollouts themselves (its key), and where it runs."""
     model: str
     grader: str
     passes: list = field(default_factory=lambda: list(kernel.TOOL_PASSES))
@@ -45,45 +49,109 @@ class Settings:
     seed: int = 0
     seeds: str = "hash"
     success_above: float = 0.0
+    serving: str = "multiprocess"  # vLLM: its default multi-process engine (as pipelines run it) or in-process
+    gpu_memory_utilization: float = 0.9  # vLLM
+    max_model_len: int = 4096  # vLLM
+    executor: str = "local"
+    workers: int = 1
 
     def check(self) -> None:
         bad = [p for p in self.passes if p not in kernel.PASS_OF]
         if bad or not self.passes:
             raise BadInput(f"--passes {','.join(self.passes)}: choose among {','.join(kernel.TOOL_PASSES)}")
-        if self.engine == "vllm":
-            raise BadInput(VLLM_NOT_BUILT)
-        for name, lo in (("k", 1), ("max_pivots_per_rollout", 1), ("max_cont_tokens", 1), ("probe_tokens", 1)):
+        for name, lo in (("k", 1), ("max_pivots_per_rollout", 1), ("max_cont_tokens", 1), ("probe_tokens", 1),
+                         ("workers", 1)):
             if getattr(self, name) < lo:
                 raise BadInput(f"--{name.replace('_', '-')} {getattr(self, name)}: must be at least {lo}")
         if not 0 < self.top_p <= 1 or self.temperature < 0:
             raise BadInput("--top-p must be in (0, 1] and --temperature at least 0")
         if self.seeds not in ("hash", "replay"):
             raise BadInput(f"--seeds {self.seeds}: choose hash or replay")
+        if self.engine == "vllm" and self.stop_at_answer:
+            raise BadInput("--stop-at-answer: the vllm engine runs continuations to EOS or --max-cont-tokens; "
+                           "leave it out, or use --engine hf")
+        if self.executor not in ("local", "ray"):
+            raise BadInput(f"--executor {self.executor}: choose local or ray")
 
     def key(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
+        what = {k: v for k, v in asdict(self).items() if k not in WHERE}
+        return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
     def pass_settings(self) -> PassSettings:
         return PassSettings(k=self.k, temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_cont_tokens,
                             probe_tokens=self.probe_tokens, stop_at_answer=self.stop_at_answer, task="credit")
 
+    def params(self):
+        """The engine's configuration in the package's parameters (runtime.params), so that the tool's engines
+        are built, placed and stopped as the stages' are."""
+        from ..runtime import params
+        try:
+            return params.make({"config": "credit", "engine": self.engine, "device": self.device, "model": self.model,
+                                "dtype": self.dtype, "vllm_serving": self.serving,
+                                "gpu_memory_utilization": self.gpu_memory_utilization,
+                                "max_model_len": self.max_model_len, "executor": self.executor,
+                                "ray_workers": self.workers}, where="the credit tool's settings", scope=[])
+        except ValueError as e:
+            raise BadInput(str(e)) from None
 
-def load_engine(settings: Settings):
+
+def model_files(settings: Settings):
+    """The model's tokenizer and vocabulary size, read in this process (the engines may run elsewhere)."""
+    from transformers import AutoConfig, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from ..measure.engine_hf import HFEngine
+    from ..measure.models import resolve_model
     hf_logging.set_verbosity_error()  # the terminal gets the tool's lines, not the library's loading bars
     hf_logging.disable_progress_bar()
-    from ..measure.models import resolve_model
     try:
         path = resolve_model(settings.model)
-    except (ValueError, FileNotFoundError) as e:
-        raise BadInput(f"--model {settings.model}: {e}") from None
+        return AutoTokenizer.from_pretrained(path), AutoConfig.from_pretrained(path).vocab_size
+    except (ValueError, OSError) as e:
+        raise BadInput(f"--model {settings.model}: {str(e)[:200]}") from None
+
+
+class GivenEngine:
+    """An executor over an engine the caller already loaded (the API's engine=): groups run in order."""
+    reports_progress = True
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def call(self, fn, *args):
+        return fn(self.engine, *args)
+
+    def map(self, fn, units, ordered: bool = True):
+        for label, args in units:
+            yield label, fn(self.engine, *args)
+
+    def close(self):
+        pass
+
+
+def open_executor(settings: Settings, engine=None):
+    """Where the groups run: the given engine, one local engine, or Ray actors; a missing model, device or
+    library is one line."""
+    if engine is not None:
+        return GivenEngine(engine)
+    from ..runtime.executor import make_executor
     try:
-        return HFEngine(path, settings.device, settings.dtype, invariant=settings.invariant)
+        return make_executor(settings.params(), settings.invariant, settings.workers, stage="credit", forcing=True)
+    except EngineUnavailable as e:
+        raise BadInput(str(e)) from None
     except (OSError, RuntimeError, ValueError) as e:
-        raise BadInput(f"--model {settings.model}: cannot be loaded on --device {settings.device} "
-                       f"({e.__class__.__name__}: {str(e)[:160]})") from None
+        raise BadInput(f"--model {settings.model}: cannot be loaded with --engine {settings.engine} on --device "
+                       f"{settings.device} ({e.__class__.__name__}: {str(e)[:160]})") from None
+
+
+def vocab_of(engine) -> int:
+    """The vocabulary size of an engine already loaded (transformers' model config, or vLLM's)."""
+    if getattr(engine, "model", None) is not None:
+        return engine.model.config.vocab_size
+    return engine.llm.llm_engine.model_config.get_vocab_size()
+
+
+def describe(engine) -> dict:
+    return engine.describe()
 
 
 def check_seeds(rollouts, settings: Settings, path: Path) -> None:
@@ -96,33 +164,61 @@ def check_seeds(rollouts, settings: Settings, path: Path) -> None:
                            f"replay needs; use --seeds hash")
 
 
-def rollout_rows(engine, r, settings: Settings, grade) -> list[dict]:
-    """One rollout's rows: forced decoding, pivots, passes, certificates."""
+def prompt_digest(prompt_ids: list[int]) -> str:
+    """A short name of a prompt: the clustering unit of the claims' statistics (a problem)."""
+    return hashlib.sha256(json.dumps([int(t) for t in prompt_ids]).encode()).hexdigest()[:12]
+
+
+def groups_of(rollouts: list) -> list[list]:
+    """Rollouts of one prompt together (in the file's order), as a sampler batches a prompt's n responses."""
+    found: dict = {}
+    for r in rollouts:
+        found.setdefault(tuple(r.prompt_ids), []).append(r)
+    return list(found.values())
+
+
+def group_rows(engine, group: list, settings: Settings, path: str) -> tuple[list[dict], dict]:
+    """One group's rows and timing: forced decoding, pivots, passes, certificates (runs where the engine is)."""
+    grade = graders.scorer(graders.load(settings.grader), settings.grader, settings.success_above)
     # as wide a top-k as was recorded, so that every recorded entry has its counterpart
-    width = max([TOP_K, *(len(step) for step in r.top_logprobs or [])])
-    trunks, state = engine.force_trunks({0: r.prompt_ids}, {0: r.response_ids}, width)
-    trunk = trunks[0][0]
-    forced_topk = [[[t, lp] for t, lp in zip(ids, lps)] for ids, lps in zip(trunk.topk_ids, trunk.topk_logprobs)]
-    topk = r.top_logprobs if r.top_logprobs is not None else forced_topk
-    pivots = kernel.select_pivots(r.response_ids, topk, settings.margin, settings.max_pivots_per_rollout,
-                                  engine.special_ids, r.positions)
-    if not pivots:
-        return []
-    seeds = [kernel.seeds_for(r.id, len(r.prompt_ids), p["position"], settings.k, settings.seed, settings.seeds)
-             for p in pivots]
-    rows = kernel.credit_rollout(engine, r.prompt_ids, r.response_ids, pivots, seeds, settings.passes,
-                                 settings.pass_settings(), state[0], lambda text: grade(text, r))
+    width = max([TOP_K, *(len(step) for r in group for step in r.top_logprobs or [])])
+    timing = {}
+    started = time.perf_counter()
+    trunks, state = engine.force_trunks(group[0].prompt_ids, [r.response_ids for r in group], width)
+    timing["forced decoding"] = {"seconds": time.perf_counter() - started,
+                                 "tokens": sum(len(r.response_ids) for r in group)}
+    pivots, seeds = [], []
+    for r, trunk in zip(group, trunks):
+        forced_topk = [[[t, lp] for t, lp in zip(ids, lps)] for ids, lps in zip(trunk.topk_ids, trunk.topk_logprobs)]
+        topk = r.top_logprobs if r.top_logprobs is not None else forced_topk
+        pivots.append(kernel.select_pivots(r.response_ids, topk, settings.margin, settings.max_pivots_per_rollout,
+                                           engine.special_ids, r.positions))
+        seeds.append([kernel.seeds_for(r.id, len(r.prompt_ids), p["position"], settings.k, settings.seed,
+                                       settings.seeds) for p in pivots[-1]])
+    if not any(pivots):
+        return [], timing
+
+    def grade_text(i: int, text: str) -> int:
+        try:
+            return grade(text, group[i])
+        except graders.GraderFailed as e:
+            raise BadInput(f"{path}:{group[i].line}: field 'ground_truth': {e}") from None
+
+    rows = kernel.credit_group(engine, group[0].prompt_ids, [r.response_ids for r in group], pivots, seeds,
+                               settings.passes, settings.pass_settings(), state, grade_text, timing)
     out = []
-    for p, row in zip(pivots, rows):
-        cert = kernel.certificate(r.top_logprobs, trunk.topk_ids, trunk.topk_logprobs, p["position"])
-        out.append({"id": str(r.id), "line": r.line, **p, "margin_source": "recorded" if r.top_logprobs else "forced",
-                    "k": settings.k, **row, "certificate": cert})
-    return out
+    for r, trunk, found, rollout_rows in zip(group, trunks, pivots, rows):
+        for p, row in zip(found, rollout_rows):
+            cert = kernel.certificate(r.top_logprobs, trunk.topk_ids, trunk.topk_logprobs, p["position"])
+            out.append({"id": str(r.id), "line": r.line, "prompt": prompt_digest(r.prompt_ids), **p,
+                        "margin_source": "recorded" if r.top_logprobs else "forced", "k": settings.k, **row,
+                        "certificate": cert})
+    return out, timing
 
 
 class Shards:
-    """One parquet shard per rollout under DIR/shards/, reused only when the manifest holds its sha256
-    under the same settings key and rollout digest."""
+    """One parquet shard per group of rollouts under DIR/shards/, reused only when the manifest holds its
+    sha256 under the same settings key and the same rollouts."""
 
     def __init__(self, out: Path, key: str):
         self.dir, self.key = out / "shards", key
@@ -133,17 +229,18 @@ class Shards:
             manifest = {}
         self.entries = manifest.get("shards", {}) if manifest.get("key") == key else {}
 
-    def name(self, r) -> str:
-        return hashlib.sha256(f"{self.key}|{r.digest}".encode()).hexdigest()[:24] + ".parquet"
+    def name(self, group: list) -> str:
+        digests = "|".join(r.digest for r in group)
+        return hashlib.sha256(f"{self.key}|{digests}".encode()).hexdigest()[:24] + ".parquet"
 
-    def get(self, r) -> pd.DataFrame | None:
-        path = self.dir / self.name(r)
+    def get(self, group: list) -> pd.DataFrame | None:
+        path = self.dir / self.name(group)
         if self.entries.get(path.name) and path.is_file() and sha256_file(path) == self.entries[path.name]:
             return pd.read_parquet(path)
         return None
 
-    def put(self, r, frame: pd.DataFrame) -> pd.DataFrame:
-        path = self.dir / self.name(r)
+    def put(self, group: list, frame: pd.DataFrame) -> pd.DataFrame:
+        path = self.dir / self.name(group)
         buf = io.BytesIO()
         frame.to_parquet(buf, index=False)
         atomic_write_bytes(path, buf.getvalue())
@@ -161,58 +258,101 @@ def versions(grader: str) -> dict:
     return found
 
 
-def summarize(frame: pd.DataFrame, settings: Settings, n_rollouts: int, engine) -> dict:
+def summarize(frame: pd.DataFrame, settings: Settings, n_rollouts: int, described: dict) -> dict:
     rows = frame.to_dict("records")
     certs = frame["certificate"].value_counts().to_dict() if len(frame) else {}
     summary = {"rollouts": n_rollouts, "pivots": len(rows),
                "floor": kernel.share_differing(rows, "replica"), "refeed": kernel.share_differing(rows, "refeed"),
-               "common_pivots": int(sum(any(r[f"A_{p}"] != 0 for p in settings.passes) for r in rows)),
+               "common_pivots": int(sum(kernel.verified(r) and any(r[f"A_{p}"] != 0 for p in settings.passes)
+                                        for r in rows)),
+               "not_verified": int(sum(not kernel.verified(r) for r in rows)),
                "certificates": {str(k): int(v) for k, v in certs.items()},
                "passes_agree": int(frame["passes_agree"].sum()) if len(frame) else 0,
                "pass_map": {p: kernel.PASS_OF[p] for p in settings.passes},
-               "settings": asdict(settings), "engine": engine.describe(), "versions": versions(settings.grader)}
+               "settings": {k: v for k, v in asdict(settings).items() if k not in WHERE},
+               "engine": described, "versions": versions(settings.grader)}
     if settings.invariant:  # invariant mode: every pass must agree bit for bit
         summary["invariant_ok"] = bool(frame["passes_agree"].all()) if len(frame) else True
+    if len(frame) and set(kernel.TOOL_PASSES) <= set(settings.passes):
+        summary.update(judged(frame))
     return summary
+
+
+def judged(frame: pd.DataFrame) -> dict:
+    """The paper's Table 1 numbers and its two main claims on these pivots, as the statistics stage judges
+    its records (resume as exact1, replica as exact2, a prompt as a problem; unverified pivots left out)."""
+    from dataclasses import asdict as fields
+
+    from ..analysis import claims, stats
+    records = pd.DataFrame({"problem_id": frame["prompt"], "A_exact1": frame["A_resume"],
+                            "A_exact2": frame["A_replica"], "A_refeed": frame["A_refeed"],
+                            "exact_ok": [kernel.verified(r) for r in frame.to_dict("records")]})
+    kept = stats.exclude_not_exact(records)[0]
+    return {"table1": stats.table1_numbers(records),
+            "claims": {"the replica floor is above zero": fields(claims.floor_above_zero(kept)),
+                       "re-feed disagrees above the floor": fields(claims.excess_above_floor(kept))}}
 
 
 def run(rollouts_path, out, settings: Settings, engine=None) -> dict:
-    """The tool: check everything first (BadInput: nothing written), then compute and write."""
+    """The tool: check everything first (BadInput: nothing written), then compute and write. engine: one
+    already loaded (its settings must be these); otherwise the executor of settings starts them."""
     from .report import report_html
     settings.check()
-    grader_fn = graders.load(settings.grader)
-    grade = graders.scorer(grader_fn, settings.grader, settings.success_above)
-    engine = engine or load_engine(settings)
+    grade = graders.scorer(graders.load(settings.grader), settings.grader, settings.success_above)
+    tok, vocab = (engine.tok, vocab_of(engine)) if engine is not None else model_files(settings)
     path = Path(rollouts_path)
-    rollouts = read_rollouts(path, engine.model.config.vocab_size)
+    rollouts = read_rollouts(path, vocab)
     check_seeds(rollouts, settings, path)
     first = rollouts[0]
     try:  # the grader on a real text before anything is written
-        grade(engine.decode(first.response_ids), first)
+        grade(tok.decode(first.response_ids, skip_special_tokens=True), first)
     except graders.GraderFailed as e:
         raise BadInput(f"{path}:{first.line}: field 'ground_truth': {e}") from None
     out = Path(out)
-    # the engine as it describes itself (model path, dtype, kernels) is part of what a shard was computed with
-    shards = Shards(out, hashlib.sha256(f"{settings.key()}|{json.dumps(engine.describe(), sort_keys=True)}"
-                                        .encode()).hexdigest())
-    frames = []
-    shards.dir.mkdir(parents=True, exist_ok=True)
-    bar = progress.bar(shards.dir, "credit", len(rollouts), "rollout")
-    for r in rollouts:
-        frame = shards.get(r)
-        if frame is None:
-            try:
-                rows = rollout_rows(engine, r, settings, grade)
-            except graders.GraderFailed as e:
-                raise BadInput(f"{path}:{r.line}: field 'ground_truth': {e}") from None
-            frame = shards.put(r, pd.DataFrame(rows))
-        frames.append(frame)
-        bar.update(1)
-    bar.close()
-    frame = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) \
-        else pd.DataFrame()
-    summary = summarize(frame, settings, len(rollouts), engine)
+    groups = groups_of(rollouts)
+    executor = open_executor(settings, engine)
+    try:
+        described = executor.call(describe)
+        # the engine as it describes itself (model path, dtype, kernels) is part of what a shard was computed with
+        shards = Shards(out, hashlib.sha256(f"{settings.key()}|{json.dumps(described, sort_keys=True)}"
+                                            .encode()).hexdigest())
+        shards.dir.mkdir(parents=True, exist_ok=True)
+        frames = {i: shards.get(g) for i, g in enumerate(groups)}
+        todo = [(f"group {i}", (group, settings, str(path))) for i, group in enumerate(groups) if frames[i] is None]
+        bar = progress.bar(shards.dir, "credit", len(rollouts), "rollout")
+        bar.update(sum(len(groups[i]) for i, f in frames.items() if f is not None))
+        timing = []
+        for label, (rows, spent) in executor.map(group_rows, todo, ordered=False):
+            i = int(label.split()[1])
+            frames[i] = shards.put(groups[i], pd.DataFrame(rows))
+            timing.append({"group": i, "rollouts": len(groups[i]), **{f"{k} {m}": v[m] for k, v in spent.items()
+                                                                       for m in ("seconds", "tokens")}})
+            bar.update(len(groups[i]))
+        bar.close()
+    finally:
+        executor.close()
+    parts = [frames[i] for i in range(len(groups)) if len(frames[i])]
+    frame = pd.concat(parts, ignore_index=True).sort_values(["line", "position"], kind="stable") \
+        .reset_index(drop=True) if parts else pd.DataFrame()
+    summary = summarize(frame, settings, len(rollouts), described)
     atomic_save(out / "credit.parquet", lambda tmp: frame.to_parquet(tmp, index=False))
     atomic_write_json(out / "summary.json", summary)
+    atomic_write_json(out / "timing.json", throughput(timing, settings))
     atomic_write_bytes(out / "report.html", report_html(frame, summary).encode())
     return summary
+
+
+def throughput(timing: list[dict], settings: Settings) -> dict:
+    """The decode rate of what this run computed (groups reused from shards are not in it): per pass,
+    seconds, tokens decoded and tokens per second; and per group."""
+    total = {}
+    for t in timing:
+        for key, value in t.items():
+            if key.endswith(" seconds") or key.endswith(" tokens"):
+                total[key] = total.get(key, 0) + value
+    passes = sorted({k.rsplit(" ", 1)[0] for k in total})
+    return {"executor": settings.executor, "workers": settings.workers, "invariant": settings.invariant,
+            "passes": {p: {"seconds": round(total[f"{p} seconds"], 3), "tokens": int(total[f"{p} tokens"]),
+                           "tokens_per_s": round(total[f"{p} tokens"] / total[f"{p} seconds"], 1)
+                           if total[f"{p} seconds"] else None} for p in passes},
+            "groups": timing}

@@ -1,13 +1,15 @@
 """Counterfactual token credit on rollouts from elsewhere: what decides the bytes of the credit tool's
-records (replaylib.credit). A rollout's decode-time state is rebuilt by forced decoding
-(``HFEngine.force_trunks``), its pivots are chosen by the pivot rule's margin, and each pass is the
-replay kernel's (``PivotJob``, ``Engine.run_pass``, ``replay.estimate``): the tool's ``resume`` is
-exact1, ``replica`` exact2 and ``refeed`` refeed.
+records (replaylib.credit). The rollouts of one prompt are a group: their decode-time states are rebuilt
+by forced decoding (the engines' ``force_trunks``, the group in one batch as it was sampled), their pivots
+are chosen by the pivot rule's margin, and each pass is the replay kernel's over the group's pivots
+(``PivotJob``, ``Engine.run_pass``, ``replay.estimate``): the tool's ``resume`` is exact1, ``replica``
+exact2 and ``refeed`` refeed.
 """
 from __future__ import annotations
 
 import json
 import math
+import time
 
 from .engine import ARMS, PassSettings, PivotJob
 from .replay import estimate
@@ -15,6 +17,7 @@ from .seeds import continuation_seed, stable_seed
 
 PASS_OF = {"resume": "exact1", "replica": "exact2", "refeed": "refeed"}
 TOOL_PASSES = tuple(PASS_OF)
+EXACT = ("resume", "replica")  # the passes that resume the forced decode's state
 
 
 def margin_and_alt(topk: list, token: int) -> tuple[float, int | None]:
@@ -71,12 +74,16 @@ def seeds_for(rollout_id, prompt_len: int, position: int, k: int, seed: int, sch
     return {arm: [stable_seed("credit", rollout_id, position, arm, j, seed) for j in range(k)] for arm in ARMS}
 
 
-def jobs_for(prompt: list[int], response: list[int], pivots: list[dict], seeds: list[dict]) -> list[PivotJob]:
-    """One rollout's pivot jobs (rollout 0 of a one-trunk problem, as force_trunks keeps its state)."""
-    return [PivotJob(pivot_id=n, problem_id=0, rollout=0, gen_index=p["position"], prompt_ids=list(prompt),
-                     gen_prefix=list(response[:p["position"]]),
-                     forced={"actual": p["token_id"], "alt": p["alt_token_id"]}, seeds=s)
-            for n, (p, s) in enumerate(zip(pivots, seeds))]
+def jobs_for(prompt: list[int], responses: list[list[int]], pivots: list[list[dict]],
+             seeds: list[list[dict]]) -> list[PivotJob]:
+    """A group's pivot jobs: rollout r of one problem is the r-th response (as force_trunks keeps its state)."""
+    jobs = []
+    for r, (response, found, arms) in enumerate(zip(responses, pivots, seeds)):
+        for p, s in zip(found, arms):
+            jobs.append(PivotJob(pivot_id=len(jobs), problem_id=0, rollout=r, gen_index=p["position"],
+                                 prompt_ids=list(prompt), gen_prefix=list(response[:p["position"]]),
+                                 forced={"actual": p["token_id"], "alt": p["alt_token_id"]}, seeds=s))
+    return jobs
 
 
 def interval(wins: dict, z: float = 1.96) -> tuple[float, float]:
@@ -99,19 +106,29 @@ def within_floor(row: dict) -> bool | None:
     return sign(row["A_refeed"]) == base or sign(row["A_replica"]) != base
 
 
-def credit_rollout(engine, prompt: list[int], response: list[int], pivots: list[dict], seeds: list[dict],
-                   passes: list[str], settings: PassSettings, state, grade_text) -> list[dict]:
-    """Every pass over one rollout's pivots, estimated as the replay stage estimates: a row per pivot with
-    A_<pass>, its interval, wins per arm, and whether all passes' continuations agree token for token.
-    grade_text(text) -> 0 or 1; state: the rollout's decode-time state (force_trunks)."""
-    jobs = jobs_for(prompt, response, pivots, seeds)
-    outs = {name: {o.pivot_id: o for o in engine.run_pass(jobs, PASS_OF[name], settings, state)} for name in passes}
-    rows = []
+def credit_group(engine, prompt: list[int], responses: list[list[int]], pivots: list[list[dict]],
+                 seeds: list[list[dict]], passes: list[str], settings: PassSettings, state, grade_text,
+                 timing: dict | None = None) -> list[list[dict]]:
+    """Every pass over one group's pivots, estimated as the replay stage estimates: per rollout, a row per
+    pivot with A_<pass>, its interval, wins per arm, and whether all passes' continuations agree token for
+    token. grade_text(r, text) -> 0 or 1 for rollout r; state: the group's decode-time states
+    (force_trunks); timing: receives each pass's seconds and decoded tokens."""
+    jobs = jobs_for(prompt, responses, pivots, seeds)
+    outs = {}
+    for name in passes:
+        started = time.perf_counter()
+        outs[name] = {o.pivot_id: o for o in engine.run_pass(jobs, PASS_OF[name], settings, state)}
+        if timing is not None:
+            tokens = sum(len(c) for o in outs[name].values() for arm in ARMS for c in o.continuations[arm])
+            tokens += sum(len(ids) for o in outs[name].values() for ids in o.probe_ids.values())
+            timing[name] = {"seconds": time.perf_counter() - started, "tokens": tokens}
+    rows = [[] for _ in responses]
     for job in jobs:
         row = {}
         for name in passes:
             out = outs[name][job.pivot_id]
-            a, wins = estimate(job, out, "", settings.task, engine.decode, lambda text, _gold: grade_text(text))
+            a, wins = estimate(job, out, "", settings.task, engine.decode,
+                               lambda text, _gold, r=job.rollout: grade_text(r, text))
             row[f"A_{name}"] = a
             row[f"A_{name}_lo"], row[f"A_{name}_hi"] = interval(wins)
             for arm in ARMS:
@@ -122,13 +139,22 @@ def credit_rollout(engine, prompt: list[int], response: list[int], pivots: list[
         conts = [outs[name][job.pivot_id].continuations for name in passes]
         row["passes_agree"] = all(c == conts[0] for c in conts)
         row["within_floor"] = within_floor(row)
-        rows.append(row)
+        for name in passes:  # an exact pass that could not show it resumed the decode-time state is flagged
+            if name in EXACT:
+                row[f"verified_{name}"] = bool(outs[name][job.pivot_id].resume.state_ok)
+        rows[job.rollout].append(row)
     return rows
 
 
+def verified(row: dict) -> bool:
+    """Every exact pass of this pivot resumed the decode-time state as it was produced."""
+    return all(row.get(f"verified_{p}", True) for p in EXACT)
+
+
 def share_differing(rows: list[dict], other: str) -> float | None:
-    """Among common pivots (some pass's A != 0), the share where `other`'s sign of A differs from resume's."""
-    common = [r for r in rows if any(r[f"A_{p}"] != 0 for p in TOOL_PASSES if f"A_{p}" in r)]
+    """Among verified common pivots (some pass's A != 0), the share where `other`'s sign of A differs from
+    resume's."""
+    common = [r for r in rows if verified(r) and any(r[f"A_{p}"] != 0 for p in TOOL_PASSES if f"A_{p}" in r)]
     if not common or f"A_{other}" not in common[0] or "A_resume" not in common[0]:
         return None
     return sum(sign(r[f"A_{other}"]) != sign(r["A_resume"]) for r in common) / len(common)

@@ -158,8 +158,9 @@ class HFEngine(PrefixStates):
         self._model32 = None
 
     @classmethod
-    def from_params(cls, params, invariant: bool = False, lifecycle=None) -> "HFEngine":
-        """The engine of a configuration (it runs in this process alone: there is no lifecycle to manage)."""
+    def from_params(cls, params, invariant: bool = False, lifecycle=None, forcing: bool = False) -> "HFEngine":
+        """The engine of a configuration (no lifecycle to manage: it runs in this process; forcing asks for
+        nothing more: it can always force a response through its decode)."""
         from .models import resolve_model
         torch.set_num_threads(torch.get_num_threads())
         return cls(resolve_model(params.model), params.device, params.dtype, invariant, params.max_batch_rows,
@@ -308,16 +309,15 @@ class HFEngine(PrefixStates):
         jobs = [(pid, r) for pid in prompts for r in range(n_rollouts)]
         return self._trunks(jobs, prompts, seeds, temperature, top_p, [max_new_tokens] * len(jobs), top_logprobs)
 
-    def force_trunks(self, prompts: dict, responses: dict, top_logprobs: int):
-        """Forced decoding: each response fed one decode step at a time from its prompt's prefill, as
-        sample_trunks decodes (same batches, same state kept); returns (trunks by key, state by key), each
-        key's trunk and state as rollout 0 of a one-trunk problem. The raw top-k of every step is what
-        decoding the response computed: equal, bit for bit, to what sampling it recorded at the same batch shape."""
-        keys = list(prompts)
-        if any(not responses[key] for key in keys):
-            raise ValueError("force_trunks: every response needs at least one token")
-        return self._trunks([(key, 0) for key in keys], prompts, {(key, 0): 0 for key in keys}, 0.0, 1.0,
-                            [len(responses[key]) for key in keys], top_logprobs, [responses[key] for key in keys])
+    def force_trunks(self, prompt_ids: list[int], responses: list[list[int]], top_logprobs: int):
+        """Forced decoding: one prompt's responses, each fed one decode step at a time from the prompt's
+        prefill, as sample_trunks decodes (same batches, same state kept); returns (trunks, state), rollout r
+        the r-th response of a one-problem state. The raw top-k of every step is what decoding the response
+        computed: equal, bit for bit, to what sampling it recorded at the same batch shape."""
+        jobs = [(0, r) for r in range(len(responses))]
+        trunks, state = self._trunks(jobs, {0: list(prompt_ids)}, dict.fromkeys(jobs, 0), 0.0, 1.0,
+                                     [len(r) for r in responses], top_logprobs, list(responses))
+        return trunks[0], state[0]
 
     def _trunks(self, jobs, prompts, seeds, temperature, top_p, max_new: list, top_logprobs, forced=None):
         trunks, state = {pid: [] for pid in prompts}, {pid: {} for pid in prompts}

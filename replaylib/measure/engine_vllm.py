@@ -10,6 +10,9 @@ that source, the comment names it.
   Its start and stop go through a lifecycle hook: the run layer's finds, registers and
   stops vLLM's engine-core processes (replaylib.runtime.vllm_processes).
 - Prompts are token ids ({"prompt_token_ids": ids}), never re-tokenised text.
+- Forced decoding (the credit tool's rollouts, force_trunks): an engine started with forcing=True has
+  the logits processor of replaylib.measure.vllm_forcing; a response is then decoded token by token
+  like a sampled trunk, and re-established by forcing it again instead of by re-sampling.
 - Logprobs are the raw distribution (before temperature and top-p): logprobs_mode
   "raw_logprobs", set explicitly (also 0.22.1's default, vllm/config/model.py).
 - The trunk's decode-time KV exists only as blocks in vLLM's prefix cache, in this
@@ -73,10 +76,8 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
-import math
 import os
 import time
-from dataclasses import dataclass, field
 
 from ..core import progress
 from . import engines
@@ -91,11 +92,20 @@ from .engine import (
     chat_prompt_ids,
 )
 from .seeds import trunk_seed
+from .vllm_forcing import FORCE_KEY, FORCING_PROCESSOR
 from .vllm_setup import (
     engine_identity,
     prepare_environment,
     trunk_settings,
     unavailable_message,
+)
+from .vllm_trunks import (
+    ResidentTrunks,
+    blocks,
+    cache_floor,
+    common_prefix,
+    ints,
+    topk_of,
 )
 
 log = logging.getLogger("replaylib")
@@ -118,73 +128,21 @@ class NoLifecycle:
         return []
 
 
-def blocks(n_tokens: int, block_size: int) -> int:
-    return -(-n_tokens // block_size)
-
-
-def cache_floor(abs_pos: int, block_size: int) -> int:
-    """Tokens an exact resume must find cached: the full blocks before the pivot's block."""
-    return (abs_pos // block_size) * block_size
-
-
-def topk_of(step_logprobs: dict, k: int) -> tuple[list[int], list[float]]:
-    """The top-k (ids, logprobs) of one step, best first, without vLLM's extra sampled-token entry.
-
-    vLLM 0.22.1 returns {sampled token, top-1..top-k} (vllm/logprobs.py
-    append_logprobs_for_next_position): the top-k carry ranks 1..k; the sampled token,
-    when outside the top-k, carries its vocabulary rank, counted with >= (ties included,
-    vllm/v1/sample/ops/logprobs.py), so it is always above k.
-    """
-    entries = sorted(step_logprobs.items(),
-                     key=lambda kv: (kv[1].rank if kv[1].rank is not None else math.inf, -kv[1].logprob))
-    entries = entries[:k]
-    return [int(t) for t, _ in entries], [float(lp.logprob) for _, lp in entries]
-
-
-def _ints(x) -> list[int]:
-    return [int(v) for v in x]
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens two sequences share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-@dataclass
-class ResidentTrunks:
-    """One problem's trunks as this engine keeps them resident for the exact passes (problem_state): the
-    saved trunks, and what their regeneration in the prefix cache gave."""
-    problem_id: int
-    prompt_ids: list
-    saved: dict  # rollout -> the saved trunk (seed, prompt and generated ids, raw top-k)
-    clean: bool = False  # the regeneration ran without preemption
-    identical: dict = field(default_factory=dict)  # rollout -> regenerated bit for bit (tokens and logprobs)
-    agree: dict = field(default_factory=dict)  # rollout -> generated tokens the regeneration shares with the saved
-    regenerated: list = field(default_factory=list)  # every regenerated sequence: prompt + generated ids
-    trunk_blocks: int = 0  # KV blocks the regenerated trunks hold
-    epoch: int = 0  # the engine's reset count when they were regenerated
-    allocated: int = 0  # blocks the exact passes' requests took since
-    established: int = 0  # regenerations so far
-
-
 class VLLMEngine:
     name = "vllm"
 
     def __init__(self, llm, sampling_params_cls, *, serving: str, model: str = "", dtype: str = "bfloat16",
                  invariant: bool = False, attention_backend: str = "", version: str = "", config: str = "?",
-                 trunk_settings: dict | None = None, enforce_eager: bool | None = None, lifecycle=None):
+                 trunk_settings: dict | None = None, enforce_eager: bool | None = None, lifecycle=None,
+                 forcing: bool = False):
         """Wrap an existing vllm.LLM (or a stand-in with the same methods, for tests). serving: the mode the
         LLM was started in (multiprocess or inprocess), which decides how trunk requests are submitted.
-        lifecycle: what stops it with its processes (NoLifecycle by default)."""
+        lifecycle: what stops it with its processes (NoLifecycle by default). forcing: the LLM was started
+        with the forcing logits processor (replaylib.measure.vllm_forcing), which force_trunks needs."""
         self.llm, self.SamplingParams = llm, sampling_params_cls
         self.model_path, self.dtype_name, self.invariant = model, dtype, invariant
         self.attention_backend, self.version, self.config = attention_backend, version, config
-        self.enforce_eager, self.serving = enforce_eager, serving
+        self.enforce_eager, self.serving, self.forcing = enforce_eager, serving, forcing
         cache_config = llm.llm_engine.vllm_config.cache_config
         self.kv_block_size = int(cache_config.block_size)
         total = getattr(cache_config, "num_gpu_blocks", None)  # set by the engine core after profiling
@@ -221,9 +179,10 @@ class VLLMEngine:
                         params.config, params.block_size, self.kv_block_size)
 
     @classmethod
-    def from_params(cls, params, invariant: bool = False, lifecycle=None) -> "VLLMEngine":
+    def from_params(cls, params, invariant: bool = False, lifecycle=None, forcing: bool = False) -> "VLLMEngine":
         """The engine of a configuration; lifecycle: the hook around its start and stop (NoLifecycle by
-        default; the run layer's also manages vLLM's engine-core processes)."""
+        default; the run layer's also manages vLLM's engine-core processes); forcing: also able to force a
+        response's tokens through its decode (force_trunks; the credit tool's engine)."""
         if importlib.util.find_spec("vllm") is None:
             raise EngineUnavailable(unavailable_message(params.config, "vLLM 0.22.1 and a CUDA GPU"))
         import torch
@@ -251,6 +210,8 @@ class VLLMEngine:
                       disable_log_stats=False)  # stats on: the preemption counter (LLM.get_metrics)
         if backend:
             kwargs["attention_config"] = {"backend": backend}
+        if forcing:
+            kwargs["logits_processors"] = [FORCING_PROCESSOR]
         if params.kv_cache_gib:  # a fixed KV cache: vLLM then skips its free-memory profiling
             kwargs["kv_cache_memory_bytes"] = int(params.kv_cache_gib * 2**30)
         lifecycle = lifecycle or NoLifecycle()
@@ -259,7 +220,7 @@ class VLLMEngine:
                                             exclusive=not params.kv_cache_gib)
         engine = cls(llm, vllm.SamplingParams, model=model, dtype=params.dtype, invariant=invariant,
                      attention_backend=backend, version=vllm.__version__, config=params.config, enforce_eager=eager,
-                     serving=params.vllm_serving, lifecycle=lifecycle)
+                     serving=params.vllm_serving, lifecycle=lifecycle, forcing=forcing)
         engine.processes, engine.registered = procs, files
         engine.identity = engine_identity(params, invariant)
         log.info("config %s: vLLM engine started in %.1f s (%s; import, weights, compilation, CUDA graphs; "
@@ -299,7 +260,7 @@ class VLLMEngine:
                 "batch_invariant": self.invariant, "attention_backend": self.attention_backend or "default",
                 "enforce_eager": self.enforce_eager, "logprobs_mode": LOGPROBS_MODE, "serving": self.serving,
                 "trunk_submission": "synchronized" if self.serving == "multiprocess" else "in-process",
-                "vllm": self.version}
+                "vllm": self.version, **({"forced_decoding": FORCING_PROCESSOR} if self.forcing else {})}
 
     # ---------------------------------------------------------------- text
     def prompt_ids(self, question: str, instruction: str) -> list[int]:
@@ -342,7 +303,7 @@ class VLLMEngine:
         before = self._preemption_count()
         # plain Python ints: ids read back from Parquet are numpy.int64, and vLLM hashes the token ids of
         # its prefix-cache blocks as given, so numpy ids never match the trunk's blocks
-        outs = self._submit([{"prompt_token_ids": _ints(p)} for p in prompts], params, synchronized)
+        outs = self._submit([{"prompt_token_ids": ints(p)} for p in prompts], params, synchronized)
         progress.tokens(sum(len(c.token_ids) for o in outs for c in o.outputs), len(outs))
         after = self._preemption_count()
         if len(outs) != len(prompts):
@@ -365,7 +326,7 @@ class VLLMEngine:
         for (r, seed), out in zip(seeds, outs):
             comp = out.outputs[0]
             top = [topk_of(step, s["top_logprobs"]) for step in comp.logprobs]
-            gen = _ints(comp.token_ids)
+            gen = ints(comp.token_ids)
             finish = "eos" if comp.finish_reason == "stop" or (gen and gen[-1] in self.stop_ids) else "length"
             trunks.append(Trunk(pid, r, seed, list(prompt), gen, [t[0] for t in top], [t[1] for t in top], finish))
         return trunks, preempted
@@ -382,6 +343,47 @@ class VLLMEngine:
                                                   self.trunk_settings)
         return trunks, None
 
+    def force_trunks(self, prompt_ids: list[int], responses: list[list[int]], top_logprobs: int):
+        """Forced decoding: one prompt's responses decoded token by token, as they would have been sampled (one
+        synchronized call on a freshly reset prefix cache, the forcing logits processor choosing each token),
+        so that their blocks in the prefix cache are decode-time blocks. Returns (trunks, state): rollout r is
+        the r-th response; its raw top-k is what decoding it computed. A re-establishment forces them again
+        and compares with this first decode."""
+        if not self.forcing:
+            raise ValueError(f"config '{self.config}': forced decoding needs the engine started with "
+                             f"VLLMEngine.from_params(..., forcing=True) (the forcing logits processor)")
+        prompt = ints(prompt_ids)
+        trunks, preempted = self._forced_requests(0, prompt, [ints(r) for r in responses], top_logprobs)
+        saved = {t.rollout: {"seed": 0, "prompt_ids": prompt, "gen_ids": t.gen_ids, "topk_ids": t.topk_ids,
+                             "topk_logprobs": t.topk_logprobs} for t in trunks}
+        state = ResidentTrunks(0, prompt, saved, forced=top_logprobs)
+        self._record(state, trunks, preempted)
+        return trunks, state
+
+    def _forced_requests(self, pid: int, prompt: list[int], responses: list[list[int]], top_logprobs: int):
+        """The responses forced through the decode (greedy over the one allowed token, EOS ignored until the
+        end), submitted synchronized on a freshly reset prefix cache; a request whose tokens are not the
+        response's stops the run: the forcing was not in effect."""
+        self._reset(f"forced decoding of problem {pid}")
+        params = [self.SamplingParams(temperature=0.0, max_tokens=len(resp), logprobs=top_logprobs, ignore_eos=True,
+                                      detokenize=False, extra_args={FORCE_KEY: resp}) for resp in responses]
+        outs, preempted = self._generate([prompt] * len(responses), params, f"forced decoding of problem {pid}",
+                                         synchronized=True)
+        trunks = []
+        for r, (resp, out) in enumerate(zip(responses, outs)):
+            comp = out.outputs[0]
+            gen = ints(comp.token_ids)
+            if gen != resp:
+                at = common_prefix(gen, resp)
+                raise RuntimeError(f"config '{self.config}': forced decoding of response {r} gave token "
+                                   f"{gen[at] if at < len(gen) else None} at position {at} where the response has "
+                                   f"{resp[at] if at < len(resp) else None}; the forcing logits processor was not "
+                                   f"in effect, so no state of this response can be claimed")
+            top = [topk_of(step, top_logprobs) for step in comp.logprobs]
+            finish = "eos" if gen[-1] in self.stop_ids else "length"
+            trunks.append(Trunk(pid, r, 0, list(prompt), gen, [t[0] for t in top], [t[1] for t in top], finish))
+        return trunks, preempted
+
     def problem_state(self, sampling_dir, problem_id: int, trunks, expected=None) -> tuple[dict, dict]:
         """Make this problem's trunk blocks resident: reset, regenerate, compare with the saved trunks.
 
@@ -397,8 +399,8 @@ class VLLMEngine:
         saved = {}
         for t in rows.itertuples(index=False):
             seed = int(t.seed) if hasattr(t, "seed") else trunk_seed(problem_id, int(t.rollout))
-            saved[int(t.rollout)] = {"seed": seed, "prompt_ids": _ints(t.prompt_ids), "gen_ids": _ints(t.gen_ids),
-                                     "topk_ids": [_ints(s) for s in t.topk_ids],
+            saved[int(t.rollout)] = {"seed": seed, "prompt_ids": ints(t.prompt_ids), "gen_ids": ints(t.gen_ids),
+                                     "topk_ids": [ints(s) for s in t.topk_ids],
                                      "topk_logprobs": [[float(v) for v in s] for s in t.topk_logprobs]}
         prompts = {tuple(s["prompt_ids"]) for s in saved.values()}
         if len(prompts) != 1:
@@ -408,9 +410,19 @@ class VLLMEngine:
         return state, {r: state.clean for r in saved}
 
     def _establish(self, state: "ResidentTrunks") -> None:
+        if state.forced:
+            regen, preempted = self._forced_requests(state.problem_id, state.prompt_ids,
+                                                     [s["gen_ids"] for _, s in sorted(state.saved.items())],
+                                                     state.forced)
+        else:
+            regen, preempted = self._trunk_requests(state.problem_id, state.prompt_ids,
+                                                    [(r, s["seed"]) for r, s in sorted(state.saved.items())],
+                                                    self.trunk_settings)
+        self._record(state, regen, preempted)
+
+    def _record(self, state: "ResidentTrunks", regen: list, preempted) -> None:
+        """What a regeneration made resident, compared with the saved trunks."""
         saved = state.saved
-        regen, preempted = self._trunk_requests(state.problem_id, state.prompt_ids,
-                                                [(r, s["seed"]) for r, s in sorted(saved.items())], self.trunk_settings)
         # preempted None: the metrics could not be read, so the regeneration is not known to be clean
         state.clean = preempted == 0
         state.identical = {t.rollout: bool(state.clean and t.gen_ids == saved[t.rollout]["gen_ids"]
@@ -419,7 +431,7 @@ class VLLMEngine:
                               for t in regen}
         # every regenerated sequence (prompt + tokens): its full blocks are what the exact passes resume
         state.regenerated = [list(state.prompt_ids) + t.gen_ids for t in regen]
-        state.agree = {t.rollout: _common_prefix(t.gen_ids, saved[t.rollout]["gen_ids"]) for t in regen}
+        state.agree = {t.rollout: common_prefix(t.gen_ids, saved[t.rollout]["gen_ids"]) for t in regen}
         state.trunk_blocks = sum(blocks(max(len(seq), len(state.prompt_ids) + len(saved[t.rollout]["gen_ids"])),
                                            self.kv_block_size) for seq, t in zip(state.regenerated, regen))
         state.epoch, state.allocated = self.epoch, 0
@@ -568,11 +580,11 @@ class VLLMEngine:
             comp, rec = out.outputs[0], per_job[j]
             rec["cached"].append(int(out.num_cached_tokens or 0))
             if kind == "probe":
-                ids = _ints(comp.token_ids)
+                ids = ints(comp.token_ids)
                 rec["probe"][arm] = ids
                 rec["lp"][arm] = float(comp.logprobs[0][ids[0]].logprob)
             else:
-                rec["conts"][arm].append(_ints(comp.token_ids))
+                rec["conts"][arm].append(ints(comp.token_ids))
         results = []
         for job, rec in zip(jobs, per_job):
             resume = ResumeReport(min_cached_tokens=min(rec["cached"]), preemptions=preempted)

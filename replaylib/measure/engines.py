@@ -46,14 +46,15 @@ def pass_kind(engine: str, pass_name: str) -> str:
     return kind
 
 
-def make_engine(params, invariant: bool = False, lifecycle=None):
+def make_engine(params, invariant: bool = False, lifecycle=None, forcing: bool = False):
     """The engine a configuration asks for, with a one-line error when it cannot run here. lifecycle: the
     hook around an engine's start and stop that manages its processes (the run layer passes
-    replaylib.runtime.vllm_processes.EngineProcesses; None: the engine's own, which manages none)."""
+    replaylib.runtime.vllm_processes.EngineProcesses; None: the engine's own, which manages none).
+    forcing: able to force given responses through its decode (force_trunks: the credit tool's engine)."""
     hook = os.environ.get(FACTORY_ENV)
     if hook:
         module, _, name = hook.partition(":")
-        return getattr(importlib.import_module(module), name)(params, invariant=invariant)
+        return getattr(importlib.import_module(module), name)(params, invariant=invariant, forcing=forcing)
     entry = ENGINES[params.engine]
     return getattr(importlib.import_module(entry.module), entry.cls).from_params(params, invariant=invariant,
-                                                                                 lifecycle=lifecycle)
+                                                                                 lifecycle=lifecycle, forcing=forcing)

@@ -51,8 +51,8 @@ class LocalExecutor:
     reports_progress = True  # the engine updates the stage's progress as it decodes
     lease_info = None
 
-    def __init__(self, params: Params, invariant: bool = False):
-        self.engine = make_engine(params, invariant=invariant, lifecycle=EngineProcesses())
+    def __init__(self, params: Params, invariant: bool = False, forcing: bool = False):
+        self.engine = make_engine(params, invariant=invariant, lifecycle=EngineProcesses(), forcing=forcing)
 
     def call(self, fn, *args):
         return fn(self.engine, *args)
@@ -78,9 +78,10 @@ def _actor_class():
 
     @ray.remote(max_restarts=0, max_task_retries=0)
     class EngineActor:
-        def __init__(self, params: Params, invariant: bool):
+        def __init__(self, params: Params, invariant: bool, forcing: bool):
             t0 = time.monotonic()
-            self.engine = make_engine(params, invariant=invariant, lifecycle=EngineProcesses())  # the driver's Params
+            self.engine = make_engine(params, invariant=invariant, lifecycle=EngineProcesses(),  # the driver's Params
+                                      forcing=forcing)
             self.start_s = time.monotonic() - t0
 
         def ready(self) -> tuple[str, int, float]:
@@ -176,7 +177,7 @@ class RayExecutor:
     reports_progress = False  # the driver counts finished units
     lease_info = None
 
-    def __init__(self, params: Params, invariant: bool = False, workers: int | None = None):
+    def __init__(self, params: Params, invariant: bool = False, workers: int | None = None, forcing: bool = False):
         import ray
 
         from ..core.paths import REPO
@@ -196,7 +197,7 @@ class RayExecutor:
                        [str(REPO)] + [p for p in [os.environ.get("PYTHONPATH", "")] if p])}}}
         actor = _actor_class()
         self.config, self.on_gpu, self.where = params.config, on_gpu, {}
-        self._new_actor = lambda: actor.options(**options).remote(params, invariant)
+        self._new_actor = lambda: actor.options(**options).remote(params, invariant, forcing)
         n = workers or params.ray_workers
         try:
             if on_gpu:  # one engine start at a time (see the module's docstring)
@@ -318,9 +319,11 @@ class RayExecutor:
             ray.shutdown()
 
 
-def make_executor(params: Params, invariant: bool = False, workers: int | None = None, stage: str = ""):
+def make_executor(params: Params, invariant: bool = False, workers: int | None = None, stage: str = "",
+                  forcing: bool = False):
     """The executor a configuration asks for (``executor: local | ray``); stage: who asks, for the
-    records of a shared engine."""
+    records of a shared engine; forcing: engines that can force given responses through their decode
+    (the credit tool's; always engines of its own, never the run's shared one)."""
     if params.executor == "ray":
         import importlib.util
         if importlib.util.find_spec("ray") is None:
@@ -329,11 +332,11 @@ def make_executor(params: Params, invariant: bool = False, workers: int | None =
         if params.engine == "vllm":  # the same one-line error as a local run, before any actor starts
             if importlib.util.find_spec("vllm") is None:
                 make_engine(params)
-        return RayExecutor(params, invariant, workers)
+        return RayExecutor(params, invariant, workers, forcing)
     from .engine_service import ServedExecutor, served
-    if served(params):
+    if served(params) and not forcing:
         return ServedExecutor(params, invariant, stage)
-    return LocalExecutor(params, invariant)
+    return LocalExecutor(params, invariant, forcing)
 
 
 def lease_record(ex) -> dict:
