@@ -12,3 +12,10 @@ def always(data_source, solution_str, ground_truth, extra_info=None):
 
 def broken(data_source, solution_str, ground_truth, extra_info=None):
     raise KeyError("no such field")
+
+
+def fails_on_bad_source(data_source, solution_str, ground_truth, extra_info=None):
+    """Fails only for rollouts whose data_source is 'bad' (so the check before the run passes)."""
+    if data_source == "bad":
+        raise KeyError("no such field")
+    return 0.0

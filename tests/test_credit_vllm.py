@@ -124,6 +124,17 @@ def test_the_ray_executor_gives_the_local_executor_s_bytes(tiny_engine, tiny_mod
     assert (tmp_path / "ray" / "credit.parquet").read_bytes() == (tmp_path / "local" / "credit.parquet").read_bytes()
     timing = json.loads((tmp_path / "ray" / "timing.json").read_text())
     assert timing["executor"] == "ray" and timing["workers"] == 2 and len(timing["groups"]) == 2
+    # a grader that fails inside an actor is still one line naming the file, the line and the field
+    for r in rows:
+        r["data_source"] = "bad" if r["id"].startswith("1-") else "ok"
+    bad = write(tmp_path / "bad.jsonl", rows)
+    failed = subprocess.run([*base[:3], str(bad), *base[4:7], "tests.credit_grader:fails_on_bad_source", *base[8:],
+                             "--out", str(tmp_path / "bad"), "--executor", "ray", "--workers", "2"], env=env,
+                            capture_output=True, text=True, cwd=REPO)
+    errors = [ln for ln in failed.stderr.splitlines() if "error:" in ln]
+    assert failed.returncode == 2 and len(errors) == 1, failed.stderr[-2000:]
+    assert errors[0].endswith(f"{bad}:3: field 'ground_truth': --grader tests.credit_grader:fails_on_bad_source "
+                              f"raised KeyError: 'no such field'"), errors
 
 
 def test_workers_below_one_are_refused_in_one_line(tmp_path, capsys):

@@ -35,6 +35,8 @@ def credit_parser() -> argparse.ArgumentParser:
     ap.add_argument("--executor", choices=["local", "ray"], default="local",
                     help="local: one engine; ray: --workers engines on Ray actors (one GPU each on CUDA)")
     ap.add_argument("--workers", type=int, default=1, help="ray: engines to start")
+    ap.add_argument("--ray-address", default="", help="ray: empty starts a local instance; auto or HOST:PORT joins "
+                                                      "a running cluster")
     ap.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16")
     ap.add_argument("--invariant", action="store_true", help="the engine's invariant mode: all passes must agree")
     ap.add_argument("--seed", type=int, default=0)
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                             device=a.device, dtype=a.dtype, invariant=a.invariant, seed=a.seed, seeds=a.seeds,
                             success_above=a.success_above, serving=a.serving,
                             gpu_memory_utilization=a.gpu_memory_utilization, max_model_len=a.max_model_len,
-                            executor=a.executor, workers=a.workers)
+                            executor=a.executor, workers=a.workers, ray_address=a.ray_address)
         summary = run(a.rollouts, a.out, settings)
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)

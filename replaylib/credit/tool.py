@@ -25,7 +25,7 @@ from .inputs import BadInput, read_rollouts
 
 log = logging.getLogger("replaylib")
 TOP_K = 5  # top-k the forced decode records per step (margins and alternatives when none are recorded)
-WHERE = ("executor", "workers")  # where groups run: in no shard's key
+WHERE = ("executor", "workers", "ray_address")  # where groups run: in no shard's key
 
 
 @dataclass
@@ -54,6 +54,7 @@ class Settings:
     max_model_len: int = 4096  # vLLM
     executor: str = "local"
     workers: int = 1
+    ray_address: str = ""  # ray: empty starts a local instance; auto or HOST:PORT joins a cluster
 
     def check(self) -> None:
         bad = [p for p in self.passes if p not in kernel.PASS_OF]
@@ -90,7 +91,7 @@ class Settings:
                                 "dtype": self.dtype, "vllm_serving": self.serving,
                                 "gpu_memory_utilization": self.gpu_memory_utilization,
                                 "max_model_len": self.max_model_len, "executor": self.executor,
-                                "ray_workers": self.workers}, where="the credit tool's settings", scope=[])
+                                "ray_workers": self.workers, "ray_address": self.ray_address}, where="the credit tool's settings", scope=[])
         except ValueError as e:
             raise BadInput(str(e)) from None
 
@@ -322,13 +323,17 @@ def run(rollouts_path, out, settings: Settings, engine=None) -> dict:
         bar = progress.bar(shards.dir, "credit", len(rollouts), "rollout")
         bar.update(sum(len(groups[i]) for i, f in frames.items() if f is not None))
         timing = []
-        for label, (rows, spent) in executor.map(group_rows, todo, ordered=False):
-            i = int(label.split()[1])
-            frames[i] = shards.put(groups[i], pd.DataFrame(rows))
-            timing.append({"group": i, "rollouts": len(groups[i]), **{f"{k} {m}": v[m] for k, v in spent.items()
-                                                                       for m in ("seconds", "tokens")}})
-            bar.update(len(groups[i]))
-        bar.close()
+        try:
+            for label, (rows, spent) in executor.map(group_rows, todo, ordered=False):
+                i = int(label.split()[1])
+                frames[i] = shards.put(groups[i], pd.DataFrame(rows))
+                timing.append({"group": i, "rollouts": len(groups[i]),
+                               **{f"{k} {m}": v[m] for k, v in spent.items() for m in ("seconds", "tokens")}})
+                bar.update(len(groups[i]))
+        except BadInput as e:  # from a Ray actor it carries the actor's traceback: the one line is its cause's
+            raise BadInput(str(getattr(e, "cause", None) or e)) from None
+        finally:
+            bar.close()  # the bar's line ends before any message
     finally:
         executor.close()
     parts = [frames[i] for i in range(len(groups)) if len(frames[i])]
