@@ -2,12 +2,8 @@
 import torch
 
 from replaylib.measure.engine import ARMS, PassSettings, PivotJob
-from replaylib.measure.engine_hf import (
-    HFEngine,
-    choose_tokens,
-    position_uniform,
-    raw_topk,
-)
+from replaylib.measure.engine_hf import HFEngine
+from replaylib.measure.hf_sampling import choose_tokens, position_uniform, raw_topk
 from replaylib.measure.seeds import continuation_seed, stable_seed, trunk_seed
 from replaylib.measure.state import load_state, save_state, state_digest
 

@@ -86,7 +86,7 @@ def test_edits_that_compute_nothing_leave_every_stage_fresh(code, tmp_path, edit
 
 
 COMPUTING = {  # edit -> the stages whose fingerprint must change
-    "the transformers engine": (lambda c: edit_file(c, "replaylib/measure/engine_hf.py",
+    "the transformers engine": (lambda c: edit_file(c, "replaylib/measure/hf_sampling.py",
                                                     r"NUCLEUS_CANDIDATES = 128", "NUCLEUS_CANDIDATES = 96"),
                                 {"01_sampling", "03_three_pass_replay", "05_batch_invariant"}),
     "the replay kernel": (lambda c: edit_file(c, "replaylib/measure/replay.py",

@@ -33,56 +33,12 @@ from .engine import (
 )
 from .grading import answer_complete
 from .hf_prefix_states import PrefixStates, row_state, stacked_cache
+from .hf_sampling import choose_tokens, position_uniform, raw_topk
 from .state import ResidentState, load_state
 
 # on CUDA, attention's default cuDNN kernel does not reproduce itself run to run on this engine's masked
 # batches; the memory-efficient kernel does, and takes the mask (docs/gpu-h200.md, lease 9)
 CUDA_ATTENTION_KERNEL = "EFFICIENT_ATTENTION"
-NUCLEUS_CANDIDATES = 128  # the nucleus is searched among the top tokens first (full sort as fallback)
-
-
-def position_uniform(seed: int, position: int) -> float:
-    """A uniform in [0, 1) that depends only on (seed, absolute position): splitmix64."""
-    x = (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) & (2**64 - 1)
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
-    x ^= x >> 31
-    return (x >> 11) / float(2**53)
-
-
-def choose_tokens(logits: torch.Tensor, temperature: list[float], top_p: list[float], uniforms: list[float]) -> list[int]:
-    """Greedy where temperature is 0, else inverse-CDF sampling of the top-p nucleus with the given uniforms.
-
-    Probabilities of the top candidates come from one log-sum-exp over the vocabulary; the
-    nucleus is searched among the candidates, with a full sort when it is wider.
-    """
-    out = logits.argmax(dim=-1).tolist()
-    rows = [b for b, t in enumerate(temperature) if t > 0]
-    if not rows:
-        return out
-    sub = logits if len(rows) == len(temperature) else logits[torch.tensor(rows, device=logits.device)]
-    inv_t = torch.tensor([1.0 / temperature[b] for b in rows], dtype=torch.float32, device=logits.device)[:, None]
-    scaled = sub * inv_t
-    log_z = torch.logsumexp(scaled, dim=-1, keepdim=True)
-    n_cand = min(NUCLEUS_CANDIDATES, logits.shape[-1])
-    cand_s, cand_i = scaled.topk(n_cand, dim=-1)  # sorted, descending
-    cand_p = torch.exp(cand_s - log_z)
-    for j, b in enumerate(rows):
-        p, ids = cand_p[j], cand_i[j]
-        if float(p.sum()) < top_p[b]:  # nucleus wider than the candidates: sort everything
-            p, ids = torch.sort(torch.exp(scaled[j] - log_z[j]), descending=True, stable=True)
-        cum = torch.cumsum(p, dim=0)
-        keep = int(((cum - p) < top_p[b]).sum())
-        kept = cum[:keep]
-        pick = int(torch.searchsorted(kept, uniforms[b] * float(kept[-1]), right=True).clamp(max=keep - 1))
-        out[b] = int(ids[pick])
-    return out
-
-
-def raw_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k raw logprobs (log-softmax before temperature and top-p) and their token ids."""
-    values, ids = logits.topk(k, dim=-1)
-    return values - torch.logsumexp(logits, dim=-1, keepdim=True), ids
 
 
 class _Fp32AccumulateLinear(torch.nn.Module):
@@ -249,9 +205,10 @@ class HFEngine(PrefixStates):
         states = {}
         active = list(range(n))
         pos = list(next_pos)
+        mask = None if mask is None else mask.to(self.device)  # grown on the device, not copied there every step
         while active:
-            if rows.topk:
-                lp, ix = raw_topk(logits, rows.topk)
+            if rows.topk:  # one transfer per step (a per-row .tolist() is a device sync per row on a GPU)
+                lp, ix = (t.tolist() for t in raw_topk(logits, rows.topk))
             if rows.forced:
                 chosen = [rows.forced[b][len(tokens[b])] for b in active]
             else:
@@ -263,8 +220,8 @@ class HFEngine(PrefixStates):
                 t = chosen[j]
                 tokens[b].append(t)
                 if rows.topk:
-                    top_ids[b].append(ix[j].tolist())
-                    top_lps[b].append(lp[j].tolist())
+                    top_ids[b].append(ix[j])
+                    top_lps[b].append(lp[j])
                 done = None
                 if t in self.stop_ids and (not rows.forced or len(tokens[b]) >= rows.max_new[b]):
                     done = "eos"
@@ -284,8 +241,8 @@ class HFEngine(PrefixStates):
             if not keep:
                 break
             if len(keep) < len(active):
-                sel = torch.tensor(keep)
-                cache.batch_select_indices(sel.to(self.device))
+                sel = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(sel)
                 mask = None if mask is None else mask[sel]
             active = [active[j] for j in keep]
             feed = torch.tensor([[tokens[b][-1]] for b in active])
@@ -293,7 +250,7 @@ class HFEngine(PrefixStates):
             for b in active:
                 pos[b] += 1
             if mask is not None:
-                mask = torch.cat([mask, torch.ones(len(active), 1, dtype=mask.dtype)], dim=1)
+                mask = torch.cat([mask, torch.ones(len(active), 1, dtype=mask.dtype, device=mask.device)], dim=1)
             logits, cache = self._forward(feed, positions, cache, mask)
         return tokens, top_ids, top_lps, finish, states
 
