@@ -238,16 +238,18 @@ def test_regeneration_check_runs_apart_from_the_passes(tiny_engine):
     assert all(not hasattr(o.resume, "regenerates_trunk") for o in with_check)
 
 
-def test_on_cuda_every_forward_pass_uses_the_attention_kernel_that_reproduces_itself():
+def test_on_cuda_every_forward_pass_uses_the_attention_kernels_that_reproduce_themselves():
     """On CUDA the default cuDNN attention kernel is not reproducible run to run on masked batches (lease 9);
-    the engine runs the memory-efficient one there and records it; on the CPU it changes nothing."""
-    from replaylib.measure.engine_hf import CUDA_ATTENTION_KERNEL
+    the engine allows only the memory-efficient kernel and, for the unmasked grouped-query batches it does
+    not take (lease 10's benchmark stopped with "No available kernel" without it), the math kernel; on the
+    CPU it changes nothing."""
+    from replaylib.measure.engine_hf import CUDA_ATTENTION_KERNELS
     engine = object.__new__(HFEngine)
     engine.device = torch.device("cuda")
     with engine._attention_kernel():
         enabled = (torch.backends.cuda.mem_efficient_sdp_enabled(), torch.backends.cuda.cudnn_sdp_enabled(),
                    torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled())
-    assert CUDA_ATTENTION_KERNEL == "EFFICIENT_ATTENTION" and enabled == (True, False, False, False)
+    assert CUDA_ATTENTION_KERNELS == ("EFFICIENT_ATTENTION", "MATH") and enabled == (True, False, False, True)
     assert torch.backends.cuda.cudnn_sdp_enabled()  # restored after the forward pass
     engine.device = torch.device("cpu")
     with engine._attention_kernel():

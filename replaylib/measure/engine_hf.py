@@ -37,8 +37,10 @@ from .hf_sampling import choose_tokens, position_uniform, raw_topk
 from .state import ResidentState, load_state
 
 # on CUDA, attention's default cuDNN kernel does not reproduce itself run to run on this engine's masked
-# batches; the memory-efficient kernel does, and takes the mask (docs/gpu-h200.md, lease 9)
-CUDA_ATTENTION_KERNEL = "EFFICIENT_ATTENTION"
+# batches; the memory-efficient kernel does, and takes the mask; an unmasked batch (one sequence, nothing
+# padded) goes through grouped-query attention, which that kernel does not take: the math kernel then,
+# which reproduces itself too (docs/gpu-h200.md, leases 9 and 10). The choice depends on the shapes only.
+CUDA_ATTENTION_KERNELS = ("EFFICIENT_ATTENTION", "MATH")
 
 
 class _Fp32AccumulateLinear(torch.nn.Module):
@@ -127,7 +129,7 @@ class HFEngine(PrefixStates):
         self.model = self._model32 = None
 
     def describe(self) -> dict:
-        cuda = {"attention_kernel": CUDA_ATTENTION_KERNEL} if self.device.type == "cuda" else {}
+        cuda = {"attention_kernels": list(CUDA_ATTENTION_KERNELS)} if self.device.type == "cuda" else {}
         return {"engine": "hf", "model": self.model_path, "device": str(self.device), "dtype": self.dtype_name,
                 "linear_kernel": self.linear_kernel, "invariant": self.invariant,
                 "prefix_precision": self.prefix_precision, "attention": self.model.config._attn_implementation, **cuda}
@@ -137,7 +139,7 @@ class HFEngine(PrefixStates):
         if self.device.type != "cuda":
             return contextlib.nullcontext()
         from torch.nn.attention import SDPBackend, sdpa_kernel
-        return sdpa_kernel([getattr(SDPBackend, CUDA_ATTENTION_KERNEL)])
+        return sdpa_kernel([getattr(SDPBackend, name) for name in CUDA_ATTENTION_KERNELS])
 
     def _swap_linears(self):
         for name, module in list(self.model.named_modules()):
