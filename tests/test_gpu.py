@@ -6,8 +6,8 @@ tiny random-weight model (params/gpu-smoke.yaml) runs the paper's mechanics: tru
 block-aligned pivots, problem_state, exact1 / exact2 / refeed, in vLLM's multi-process engine
 (the paper's) and in-process; the multi-process engine's core process is checked to end
 with its engine, inside a Ray actor too, and to be stopped once a killed stage left it behind;
-a run's stages share one engine (replaylib.runtime.engine_service), and a run or campaign killed outright
-leaves no engine holding GPU memory. The tests are independent processes with registries of their
+a run's stages share one engine (replaylib.runtime.engine_service), a run or campaign killed outright
+leaves no engine holding GPU memory, and the credit tool certifies rollouts the engine sampled. The tests are independent processes with registries of their
 own and fixed-size KV caches, so they can run side by side (pytest -n 4).
 """
 import importlib.util
@@ -284,6 +284,34 @@ def test_a_run_s_stages_share_one_engine(tmp_path):
     assert (records.state_established == "regenerated, identical").all()
     import psutil
     assert not psutil.pid_exists(server["pid"]) and not _engine_pids(os.getpid())
+
+
+def test_the_credit_tool_certifies_rollouts_vllm_sampled(tmp_path):
+    """The credit tool on vLLM (docs/credit.md; lease 10 ran it on the embedded model): the tiny
+    configuration's trunks, sampled by the default multi-process engine, exported as rollouts and forced
+    back through the decode: every certificate bit-exact and every resume verified; with --invariant all
+    three passes agree at every pivot."""
+    path = _smoke_params_file(tmp_path, config="gpu-smoke-credit")
+    out, env = tmp_path / "out", _env(tmp_path)
+    for cmd in ([sys.executable, "-m", "replaylib.run", str(path), "--upto", "01_sampling", "--out", str(out)],
+                [sys.executable, "-m", "replaylib.credit", "export", str(out / "runs" / "gpu-smoke-credit"),
+                 "--out", str(tmp_path / "rollouts.jsonl")]):
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    base = [sys.executable, "-m", "replaylib.credit", str(tmp_path / "rollouts.jsonl"), "--model", "tiny:0",
+            "--grader", "gsm8k", "--engine", "vllm", "--device", "cuda", "--k", "2", "--max-cont-tokens", "32",
+            "--margin", "9", "--max-pivots-per-rollout", "2", "--gpu-memory-utilization", "0.2",
+            "--max-model-len", "2048"]
+    summaries = {}
+    for name, extra in (("stock", []), ("invariant", ["--invariant"])):
+        proc = subprocess.run(base + ["--out", str(tmp_path / name), *extra], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        summaries[name] = json.loads((tmp_path / name / "summary.json").read_text())
+    stock, invariant = summaries["stock"], summaries["invariant"]
+    assert stock["pivots"] > 0 and stock["certificates"] == {"bit-exact": stock["pivots"]}, stock["certificates"]
+    assert stock["not_verified"] == 0 and invariant["not_verified"] == 0
+    assert invariant["invariant_ok"] and invariant["passes_agree"] == invariant["pivots"] > 0
 
 
 @pytest.mark.parametrize("what", ["runner", "campaign"])
