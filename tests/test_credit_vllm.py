@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from test_credit import PROMPT, sampled_rollouts, write
 from vllm_standin import FakeLLM, FakeSP
 
 from replaylib.credit import cli
@@ -35,11 +36,6 @@ def sampled(engine, n=3, max_new=14):
                   "top_logprobs": [[[i, lp] for i, lp in zip(ids, lps)] for ids, lps in
                                    zip(t.topk_ids, t.topk_logprobs)]} for t in trunks[p]]
     return rows
-
-
-def write(path: Path, rows) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 SETTINGS = dict(model="standin", grader="tests.credit_grader:compute_score", engine="vllm", device="cuda", k=2,
@@ -107,11 +103,8 @@ def test_the_multiprocess_engine_s_stock_passes_are_measured_not_assumed(tmp_pat
 
 def test_the_ray_executor_gives_the_local_executor_s_bytes(tiny_engine, tiny_model_dir, tmp_path):
     pytest.importorskip("ray")
-    rows = []
-    for p, prompt in enumerate(([1, 345, 267, 201, 44, 279, 320, 161], [1, 88, 14, 300, 9])):
-        trunks, _ = tiny_engine.sample_trunks({0: prompt}, 2, {(0, r): 7 + r for r in range(2)}, 0.7, 0.95, 8, 5)
-        rows += [{"id": f"{p}-{t.rollout}", "prompt_ids": t.prompt_ids, "response_ids": t.gen_ids,
-                  "ground_truth": "7"} for t in trunks[0]]
+    rows = sampled_rollouts(tiny_engine, n=2, max_new=8) + sampled_rollouts(tiny_engine, n=2, max_new=8,
+                                                                            prompt=PROMPT[:6], tag="s")
     path = write(tmp_path / "r.jsonl", rows)
     base = [sys.executable, "-m", "replaylib.credit", str(path), "--model", tiny_model_dir, "--grader", "gsm8k",
             "--k", "2", "--max-cont-tokens", "6", "--margin", "9", "--max-pivots-per-rollout", "2"]
@@ -126,7 +119,7 @@ def test_the_ray_executor_gives_the_local_executor_s_bytes(tiny_engine, tiny_mod
     assert timing["executor"] == "ray" and timing["workers"] == 2 and len(timing["groups"]) == 2
     # a grader that fails inside an actor is still one line naming the file, the line and the field
     for r in rows:
-        r["data_source"] = "bad" if r["id"].startswith("1-") else "ok"
+        r["data_source"] = "bad" if r["id"].startswith("s") else "ok"
     bad = write(tmp_path / "bad.jsonl", rows)
     failed = subprocess.run([*base[:3], str(bad), *base[4:7], "tests.credit_grader:fails_on_bad_source", *base[8:],
                              "--out", str(tmp_path / "bad"), "--executor", "ray", "--workers", "2"], env=env,

@@ -264,8 +264,7 @@ def summarize(frame: pd.DataFrame, settings: Settings, n_rollouts: int, describe
     certs = frame["certificate"].value_counts().to_dict() if len(frame) else {}
     summary = {"rollouts": n_rollouts, "pivots": len(rows),
                "floor": kernel.share_differing(rows, "replica"), "refeed": kernel.share_differing(rows, "refeed"),
-               "common_pivots": int(sum(kernel.verified(r) and any(r[f"A_{p}"] != 0 for p in settings.passes)
-                                        for r in rows)),
+               "common_pivots": len(kernel.common(rows)),
                "not_verified": int(sum(not kernel.verified(r) for r in rows)),
                "certificates": {str(k): int(v) for k, v in certs.items()},
                "passes_agree": int(frame["passes_agree"].sum()) if len(frame) else 0,
@@ -327,8 +326,7 @@ def run(rollouts_path, out, settings: Settings, engine=None) -> dict:
             for label, (rows, spent) in executor.map(group_rows, todo, ordered=False):
                 i = int(label.split()[1])
                 frames[i] = shards.put(groups[i], pd.DataFrame(rows))
-                timing.append({"group": i, "rollouts": len(groups[i]),
-                               **{f"{k} {m}": v[m] for k, v in spent.items() for m in ("seconds", "tokens")}})
+                timing.append({"group": i, "rollouts": len(groups[i]), "passes": spent})
                 bar.update(len(groups[i]))
         except BadInput as e:  # from a Ray actor it carries the actor's traceback: the one line is its cause's
             raise BadInput(str(getattr(e, "cause", None) or e)) from None
@@ -348,16 +346,16 @@ def run(rollouts_path, out, settings: Settings, engine=None) -> dict:
 
 
 def throughput(timing: list[dict], settings: Settings) -> dict:
-    """The decode rate of what this run computed (groups reused from shards are not in it): per pass,
-    seconds, tokens decoded and tokens per second; and per group."""
-    total = {}
-    for t in timing:
-        for key, value in t.items():
-            if key.endswith(" seconds") or key.endswith(" tokens"):
-                total[key] = total.get(key, 0) + value
-    passes = sorted({k.rsplit(" ", 1)[0] for k in total})
+    """The decode rate of what this run computed (groups reused from shards are not in it): per pass (and the
+    forced decoding), seconds, tokens decoded and tokens per second; and each group's."""
+    total: dict = {}
+    for group in timing:
+        for name, spent in group["passes"].items():
+            acc = total.setdefault(name, {"seconds": 0.0, "tokens": 0})
+            acc["seconds"] += spent["seconds"]
+            acc["tokens"] += spent["tokens"]
     return {"executor": settings.executor, "workers": settings.workers, "invariant": settings.invariant,
-            "passes": {p: {"seconds": round(total[f"{p} seconds"], 3), "tokens": int(total[f"{p} tokens"]),
-                           "tokens_per_s": round(total[f"{p} tokens"] / total[f"{p} seconds"], 1)
-                           if total[f"{p} seconds"] else None} for p in passes},
+            "passes": {name: {"seconds": round(t["seconds"], 3), "tokens": int(t["tokens"]),
+                              "tokens_per_s": round(t["tokens"] / t["seconds"], 1) if t["seconds"] else None}
+                       for name, t in sorted(total.items())},
             "groups": timing}

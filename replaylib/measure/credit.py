@@ -151,10 +151,14 @@ def verified(row: dict) -> bool:
     return all(row.get(f"verified_{p}", True) for p in EXACT)
 
 
+def common(rows: list[dict]) -> list[dict]:
+    """The verified common pivots: some pass's A != 0 (the paper's reporting denominator)."""
+    return [r for r in rows if verified(r) and any(r[f"A_{p}"] != 0 for p in TOOL_PASSES if f"A_{p}" in r)]
+
+
 def share_differing(rows: list[dict], other: str) -> float | None:
-    """Among verified common pivots (some pass's A != 0), the share where `other`'s sign of A differs from
-    resume's."""
-    common = [r for r in rows if verified(r) and any(r[f"A_{p}"] != 0 for p in TOOL_PASSES if f"A_{p}" in r)]
-    if not common or f"A_{other}" not in common[0] or "A_resume" not in common[0]:
+    """Among verified common pivots, the share where `other`'s sign of A differs from resume's."""
+    shared = common(rows)
+    if not shared or f"A_{other}" not in shared[0] or "A_resume" not in shared[0]:
         return None
-    return sum(sign(r[f"A_{other}"]) != sign(r["A_resume"]) for r in common) / len(common)
+    return sum(sign(r[f"A_{other}"]) != sign(r["A_resume"]) for r in shared) / len(shared)

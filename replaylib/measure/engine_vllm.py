@@ -318,14 +318,20 @@ class VLLMEngine:
     def _trunk_requests(self, pid: int, prompt: list[int], seeds: list[tuple[int, int]], s: dict):
         """Sample one problem's trunks (rollout, seed) on a freshly reset prefix cache, submitted
         synchronized (the regeneration must be able to repeat them)."""
-        self._reset(f"trunks of problem {pid}")
         params = [self.SamplingParams(temperature=s["temperature"], top_p=s["top_p"], max_tokens=s["max_new_tokens"],
                                       logprobs=s["top_logprobs"], seed=seed, detokenize=False) for _, seed in seeds]
-        outs, preempted = self._generate([prompt] * len(seeds), params, f"trunks of problem {pid}", synchronized=True)
+        return self._trunk_call(pid, prompt, seeds, params, s["top_logprobs"], f"trunks of problem {pid}")
+
+    def _trunk_call(self, pid: int, prompt: list[int], seeds: list[tuple[int, int]], params: list, top_logprobs: int,
+                    label: str):
+        """One problem's trunk requests (rollout, seed; their sampling parameters) in one call, synchronized,
+        on a freshly reset prefix cache; returns (trunks, preemptions during the call)."""
+        self._reset(label)
+        outs, preempted = self._generate([prompt] * len(seeds), params, label, synchronized=True)
         trunks = []
         for (r, seed), out in zip(seeds, outs):
             comp = out.outputs[0]
-            top = [topk_of(step, s["top_logprobs"]) for step in comp.logprobs]
+            top = [topk_of(step, top_logprobs) for step in comp.logprobs]
             gen = ints(comp.token_ids)
             finish = "eos" if comp.finish_reason == "stop" or (gen and gen[-1] in self.stop_ids) else "length"
             trunks.append(Trunk(pid, r, seed, list(prompt), gen, [t[0] for t in top], [t[1] for t in top], finish))
@@ -362,26 +368,20 @@ class VLLMEngine:
 
     def _forced_requests(self, pid: int, prompt: list[int], responses: list[list[int]], top_logprobs: int):
         """The responses forced through the decode (greedy over the one allowed token, EOS ignored until the
-        end), submitted synchronized on a freshly reset prefix cache; a request whose tokens are not the
-        response's stops the run: the forcing was not in effect."""
-        self._reset(f"forced decoding of problem {pid}")
+        end), submitted as trunks are; a request whose tokens are not the response's stops the run: the
+        forcing was not in effect."""
         params = [self.SamplingParams(temperature=0.0, max_tokens=len(resp), logprobs=top_logprobs, ignore_eos=True,
                                       detokenize=False, extra_args={FORCE_KEY: resp}) for resp in responses]
-        outs, preempted = self._generate([prompt] * len(responses), params, f"forced decoding of problem {pid}",
-                                         synchronized=True)
-        trunks = []
-        for r, (resp, out) in enumerate(zip(responses, outs)):
-            comp = out.outputs[0]
-            gen = ints(comp.token_ids)
-            if gen != resp:
-                at = common_prefix(gen, resp)
-                raise RuntimeError(f"config '{self.config}': forced decoding of response {r} gave token "
-                                   f"{gen[at] if at < len(gen) else None} at position {at} where the response has "
+        trunks, preempted = self._trunk_call(pid, prompt, [(r, 0) for r in range(len(responses))], params,
+                                             top_logprobs, f"forced decoding of problem {pid}")
+        for trunk, resp in zip(trunks, responses):
+            if trunk.gen_ids != resp:
+                at = common_prefix(trunk.gen_ids, resp)
+                got = trunk.gen_ids[at] if at < len(trunk.gen_ids) else None
+                raise RuntimeError(f"config '{self.config}': forced decoding of response {trunk.rollout} gave token "
+                                   f"{got} at position {at} where the response has "
                                    f"{resp[at] if at < len(resp) else None}; the forcing logits processor was not "
                                    f"in effect, so no state of this response can be claimed")
-            top = [topk_of(step, top_logprobs) for step in comp.logprobs]
-            finish = "eos" if gen[-1] in self.stop_ids else "length"
-            trunks.append(Trunk(pid, r, 0, list(prompt), gen, [t[0] for t in top], [t[1] for t in top], finish))
         return trunks, preempted
 
     def problem_state(self, sampling_dir, problem_id: int, trunks, expected=None) -> tuple[dict, dict]:
