@@ -327,6 +327,36 @@ def test_a_ray_engine_start_is_logged_in_the_stage(caplog):
         ray.shutdown()
 
 
+@pytest.mark.parametrize("engine, one_at_a_time", [("vllm", True), ("hf", False)])
+def test_ray_engines_on_a_gpu_start_one_at_a_time_only_for_vllm(monkeypatch, engine, one_at_a_time):
+    """vLLM measures the free GPU memory as it starts, so its engines start one after the other; transformers
+    engines sharing a GPU (gpus_per_worker below 1) load side by side."""
+    import ray
+
+    from replaylib.runtime import executor
+    events = []
+
+    class FakeActor:
+        @classmethod
+        def options(cls, **options):
+            assert options["num_gpus"] == 0.25
+            return cls
+
+        @classmethod
+        def remote(cls, *args):
+            events.append("create")
+            return object()
+
+    monkeypatch.setattr(executor, "_actor_class", lambda: FakeActor)
+    monkeypatch.setattr(executor, "ensure_ray", lambda params: False)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"GPU": 1.0})
+    monkeypatch.setattr(executor.RayExecutor, "_started", lambda self, actor: events.append("wait") or actor)
+    p = params.make({**campaigns.load(TINY).configs["tiny-primary"].to_dict(), "engine": engine, "device": "cuda", "stop_at_answer": False,
+                     "executor": "ray", "ray_workers": 4, "gpus_per_worker": 0.25})
+    assert len(executor.RayExecutor(p).actors) == 4
+    assert events == (["create", "wait"] * 4 if one_at_a_time else ["create"] * 4 + ["wait"] * 4)
+
+
 def test_a_ray_actor_gets_the_stage_params_the_driver_checked():
     """An actor receives its stage's Params as the driver built them (pickled, never rebuilt), defaults
     of other stages included (stop_at_answer: true outside stage 03): a vLLM configuration arrives equal."""

@@ -254,3 +254,23 @@ def test_on_cuda_every_forward_pass_uses_the_attention_kernels_that_reproduce_th
     engine.device = torch.device("cpu")
     with engine._attention_kernel():
         assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def test_trunk_prefill_alone_prefills_every_prompt_in_a_pass_of_its_own(tiny_model_dir, tiny_engine):
+    """[ours] The prompt-batching control: with trunk_prefill alone, a trunk's decode-time state over its prompt
+    is, bit for bit, its prompt prefilled by itself, whatever other prompts share its batch. Batched (left-padded
+    beside a longer prompt, the default) it is not, on this model: the control changes what it should."""
+    alone = HFEngine(tiny_model_dir, "cpu", "bfloat16", max_batch_rows=64, trunk_prefill="alone")
+    short, long_ = (tiny_engine.prompt_ids(q, INSTRUCTION) for q in (
+        QUESTION, "A train leaves at 3 pm at 60 miles an hour toward a city 180 miles away; when does it arrive?"))
+    assert len(short) < len(long_)
+    _, own, _, _ = tiny_engine._prefill([short])
+    own_k = torch.stack([layer.keys[0] for layer in own.layers])
+    seeds = {(pid, r): trunk_seed(pid, r) for pid in (0, 1) for r in range(2)}
+    same = {}
+    for name, engine in (("alone", alone), ("batched", tiny_engine)):
+        trunks, state = engine.sample_trunks({0: short, 1: long_}, 2, seeds, 0.7, 0.95, 8, 5)
+        same[name] = [torch.equal(state[0][r][0][:, :, :len(short)], own_k) for r in range(2)]
+        assert all(len(t.gen_ids) == 8 for t in trunks[0])
+    assert same == {"alone": [True, True], "batched": [False, False]}
+    assert alone.describe()["trunk_prefill"] == "alone"

@@ -181,8 +181,10 @@ def test_params_accept_the_transplants_on_hf_and_refuse_them_on_vllm():
     assert {"prefix_precision", "layer_profile"} <= set(params.own_keys("03_three_pass_replay"))
     with pytest.raises(ValueError, match="prefix_precision"):
         params.make({"prefix_precision": "fp64"})
+    assert params.make({"trunk_prefill": "alone"}).trunk_prefill == "alone"
+    assert "trunk_prefill" in params.own_keys("01_sampling")
     for extra in ({"passes": ["exact1", "exact2", "refeed", "xplant_decode_kv"]}, {"layer_profile": True},
-                  {"prefix_precision": "float32"}):
+                  {"prefix_precision": "float32"}, {"trunk_prefill": "alone"}):
         with pytest.raises(ValueError) as e:
             params.make({"engine": "vllm", "stop_at_answer": False, **extra})
         assert "\n" not in str(e.value) and "engine: hf" in str(e.value)

@@ -86,7 +86,8 @@ class HFEngine(PrefixStates):
     name = "hf"
 
     def __init__(self, model_path: str, device: str = "cpu", dtype: str = "bfloat16",
-                 invariant: bool = False, max_batch_rows: int = 128, prefix_precision: str = "native"):
+                 invariant: bool = False, max_batch_rows: int = 128, prefix_precision: str = "native",
+                 trunk_prefill: str = "batched"):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -114,6 +115,11 @@ class HFEngine(PrefixStates):
             raise ValueError(f"prefix_precision must be native or float32, not {prefix_precision!r}")
         self.prefix_precision = "native" if invariant else prefix_precision
         self._model32 = None
+        # [ours] how sample_trunks prefills its prompts: batched (left-padded to one length, one forward pass) or
+        # alone (each distinct prompt in a forward pass of its own, then decoded in the same batches)
+        if trunk_prefill not in ("batched", "alone"):
+            raise ValueError(f"trunk_prefill must be batched or alone, not {trunk_prefill!r}")
+        self.trunk_prefill = trunk_prefill
 
     @classmethod
     def from_params(cls, params, invariant: bool = False, lifecycle=None, forcing: bool = False) -> "HFEngine":
@@ -122,7 +128,7 @@ class HFEngine(PrefixStates):
         from .models import resolve_model
         torch.set_num_threads(torch.get_num_threads())
         return cls(resolve_model(params.model), params.device, params.dtype, invariant, params.max_batch_rows,
-                   getattr(params, "prefix_precision", "native"))
+                   getattr(params, "prefix_precision", "native"), getattr(params, "trunk_prefill", "batched"))
 
     def close(self) -> None:
         """Free the model (nothing runs outside this process)."""
@@ -132,7 +138,8 @@ class HFEngine(PrefixStates):
         cuda = {"attention_kernels": list(CUDA_ATTENTION_KERNELS)} if self.device.type == "cuda" else {}
         return {"engine": "hf", "model": self.model_path, "device": str(self.device), "dtype": self.dtype_name,
                 "linear_kernel": self.linear_kernel, "invariant": self.invariant,
-                "prefix_precision": self.prefix_precision, "attention": self.model.config._attn_implementation, **cuda}
+                "prefix_precision": self.prefix_precision, "trunk_prefill": self.trunk_prefill,
+                "attention": self.model.config._attn_implementation, **cuda}
 
     def _attention_kernel(self):
         """The attention kernel every forward pass uses: on CUDA the one that reproduces itself."""
@@ -187,6 +194,37 @@ class HFEngine(PrefixStates):
             return logits, cache, None, pads
         logits, cache = self._forward(ids, positions, self._new_cache(), mask if any(pads) else None, model)
         return logits, cache, (mask if any(pads) else None), pads
+
+    def _prefill_alone(self, seqs: list[list[int]]):
+        """_prefill's result with every distinct sequence prefilled in a forward pass of its own (no padding, no
+        other rows), the states then left-padded into one batch to be decoded together."""
+        alone = {}
+        for s in map(tuple, seqs):
+            if s not in alone:
+                logits, cache, _, _ = self._prefill([list(s)])
+                alone[s] = (logits[0], torch.stack([layer.keys[0] for layer in cache.layers]),
+                            torch.stack([layer.values[0] for layer in cache.layers]))
+        rows = [alone[tuple(s)] for s in seqs]
+        cache, mask, pads, _ = self._left_padded_cache([k for _, k, _ in rows], [v for _, _, v in rows],
+                                                       [len(s) for s in seqs])
+        return torch.stack([lg for lg, _, _ in rows]), cache, mask, pads
+
+    def _left_padded_cache(self, keys: list, values: list, lens: list[int]):
+        """One cache of per-row states (each [layers, kv_heads, len, head_dim]) left-padded with zeros to one
+        length: (cache, mask or None when nothing is padded, pads, whether the cache holds the padded tensors
+        bit for bit). A padded position is masked, so its value never reaches a row's numbers."""
+        width = max(lens)
+        pads = [width - n for n in lens]
+        pad_kv = lambda t, p: F.pad(t, (0, 0, p, 0)) if p else t
+        layers = range(keys[0].shape[0])
+        cache_k = [torch.stack([pad_kv(k[layer], p) for k, p in zip(keys, pads)]) for layer in layers]
+        cache_v = [torch.stack([pad_kv(v[layer], p) for v, p in zip(values, pads)]) for layer in layers]
+        cache = self._new_cache(cache_k, cache_v)
+        # the cache holds, bit for bit, the state slices it was built from (no device or dtype change)
+        placed = all(torch.equal(layer.keys, k.to(self.device)) and torch.equal(layer.values, v.to(self.device))
+                     for layer, k, v in zip(cache.layers, cache_k, cache_v))
+        mask = torch.tensor([[0] * p + [1] * n for p, n in zip(pads, lens)]) if any(pads) else None
+        return cache, mask, pads, placed
 
     # ---------------------------------------------------------------- the decode loop
     def _decode(self, logits, cache, mask, next_pos: list[int], rows: _Rows, keep_state: bool = False):
@@ -284,7 +322,8 @@ class HFEngine(PrefixStates):
         for start in range(0, len(jobs), step):
             chunk = jobs[start:start + step]
             seqs = [prompts[pid] for pid, _ in chunk]
-            logits, cache, mask, pads = self._prefill(seqs)
+            prefill = self._prefill_alone if self.trunk_prefill == "alone" and not self.invariant else self._prefill
+            logits, cache, mask, pads = prefill(seqs)
             rows = _Rows(seeds=[seeds[j] for j in chunk], temperature=[temperature] * len(chunk),
                          top_p=[top_p] * len(chunk), max_new=max_new[start:start + step], topk=top_logprobs,
                          forced=forced[start:start + step] if forced else None)
@@ -495,18 +534,7 @@ class HFEngine(PrefixStates):
                 keys.append(torch.stack(k))
                 values.append(torch.stack(v))
                 lens.append(jobs[j].abs_pos + 1)
-        # left-pad every row's state to one length
-        width = max(lens)
-        pads = [width - n for n in lens]
-        layers = keys[0].shape[0]
-        pad_kv = lambda t, p: F.pad(t, (0, 0, p, 0)) if p else t
-        cache_k = [torch.stack([pad_kv(keys[r][layer], pads[r]) for r in range(len(lens))]) for layer in range(layers)]
-        cache_v = [torch.stack([pad_kv(values[r][layer], pads[r]) for r in range(len(lens))]) for layer in range(layers)]
-        cache = self._new_cache(cache_k, cache_v)
-        # the cache holds, bit for bit, the state slices it was built from (no device or dtype change)
-        placed = all(torch.equal(layer.keys, k.to(self.device)) and torch.equal(layer.values, v.to(self.device))
-                     for layer, k, v in zip(cache.layers, cache_k, cache_v))
-        mask = torch.tensor([[0] * p + [1] * n for p, n in zip(pads, lens)]) if any(pads) else None
+        cache, mask, _, placed = self._left_padded_cache(keys, values, lens)
         if kind in ("exact", "xrefeed"):  # feed the forced token at the pivot as a decode step on the state
             feed = torch.tensor([[jobs[j].forced[a]] for j, a in zip(row_job, row_arm)])
             positions = torch.tensor([[jobs[j].abs_pos] for j in row_job])

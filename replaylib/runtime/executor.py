@@ -18,10 +18,11 @@ dies is replaced by a fresh one and its unit retried once, on the next free acto
 unit whose worker dies twice stops the stage with a one-line error naming it. Errors raised
 by the unit's own code stop the stage as they would locally.
 
-On a GPU the engines start one at a time, each only once the one before is up, and a killed
-actor's process must have exited (its GPU memory freed) before another engine starts: vLLM
-measures the free GPU memory while it starts, and another process allocating or releasing
-memory meanwhile makes that start fail ("Error in memory profiling").
+vLLM engines start one at a time, each only once the one before is up, and a killed actor's
+process must have exited (its GPU memory freed) before another engine starts: vLLM measures the
+free GPU memory while it starts, and another process allocating or releasing memory meanwhile
+makes that start fail ("Error in memory profiling"). Transformers engines measure nothing at
+start and load side by side, on a GPU too (``gpus_per_worker`` below 1 shares one GPU).
 """
 from __future__ import annotations
 
@@ -197,10 +198,11 @@ class RayExecutor:
                        [str(REPO)] + [p for p in [os.environ.get("PYTHONPATH", "")] if p])}}}
         actor = _actor_class()
         self.config, self.on_gpu, self.where = params.config, on_gpu, {}
+        self.one_start_at_a_time = params.engine == "vllm"  # see the module's docstring
         self._new_actor = lambda: actor.options(**options).remote(params, invariant, forcing)
         n = workers or params.ray_workers
         try:
-            if on_gpu:  # one engine start at a time (see the module's docstring)
+            if self.one_start_at_a_time:
                 self.actors = []
                 for _ in range(n):
                     self.actors.append(self._started(self._new_actor()))
@@ -286,7 +288,7 @@ class RayExecutor:
                 # retry goes to the next free actor first
                 self._kill(actor)
                 fresh = self._new_actor()
-                if self.on_gpu:  # no unit starts on the other engines while this one loads
+                if self.one_start_at_a_time:  # no unit starts on the other engines while this one loads
                     self._started(fresh)
                 self.actors[self.actors.index(actor)] = fresh
                 free.append(fresh)

@@ -35,6 +35,7 @@ CHOICES = {
     "pass_order": ["fixed", "shuffled"],
     "executor": ["local", "ray"],
     "prefix_precision": ["native", "float32"],
+    "trunk_prefill": ["batched", "alone"],
     "vllm_serving": ["multiprocess", "inprocess"],
     "pass_submission": ["stock", "synchronized"],
 }
@@ -113,6 +114,10 @@ class Params:
     max_batch_rows: int = _p("01_sampling", 128, "largest batch the transformers engine runs at once (on a CPU a "
                                                         "decode step costs about as much for 16 rows as for 1, so fill it)", lo=1,
                              hi=4096, why=ROWS_WHY)
+    trunk_prefill: str = _p("01_sampling", "batched",
+                            "[ours] batched (a batch's prompts left-padded to one length and prefilled together, as a "
+                            "sampler batches them) or alone (each prompt prefilled in a forward pass of its own, then "
+                            "decoded in the same batches): the prompt-batching control (hf only)")
     gpu_memory_utilization: float = _p("01_sampling", 0.92, "vLLM: share of GPU memory for weights and KV blocks", above=0, hi=1)
     max_model_len: int = _p("01_sampling", 4096, "vLLM: context length", lo=16)
     attention_backend: str = _p("01_sampling", "", "vLLM attention backend (empty: the engine default)")
@@ -336,6 +341,9 @@ def make(overrides: dict, where: str = "parameters", scope=None) -> Params:
                                     or "prefix_precision" in scope and params.prefix_precision != "native"):
         raise ValueError(f"{where}: layer_profile and prefix_precision need engine: hf (vLLM's APIs cannot place a "
                          f"given KV state into its prefix cache nor hand it out); set engine: hf")
+    if params.engine == "vllm" and "trunk_prefill" in scope and params.trunk_prefill != "batched":
+        raise ValueError(f"{where}: parameter 'trunk_prefill' is {params.trunk_prefill!r}, which needs engine: hf (vLLM "
+                         f"schedules its prefills itself); set engine: hf or remove trunk_prefill")
     return params
 
 
