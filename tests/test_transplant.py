@@ -4,6 +4,7 @@ import pytest
 import torch
 from test_engine_hf import SETTINGS, channels, job_for, sample
 
+from replaylib.core.paths import REPO
 from replaylib.measure.engine import ARMS
 from replaylib.measure.engine_hf import HFEngine
 
@@ -188,3 +189,15 @@ def test_params_accept_the_transplants_on_hf_and_refuse_them_on_vllm():
         with pytest.raises(ValueError) as e:
             params.make({"engine": "vllm", "stop_at_answer": False, **extra})
         assert "\n" not in str(e.value) and "engine: hf" in str(e.value)
+
+
+def test_the_gpu_transplant_study_and_its_controls_share_what_they_should():
+    """params/gpu-embedded-xplant*.yaml: the float32 control reuses the main run's trunks and pivots (its
+    stages 01-02 have the same keys, so copied ones are current) and changes only the replay; the
+    prompt-batching control changes the trunks themselves."""
+    from replaylib.runtime import params
+    main, fp32, alone = (params.load(REPO / "params" / f"gpu-embedded-xplant{s}.yaml") for s in ("", "-fp32", "-alone"))
+    assert main.engine == "hf" and main.device == "cuda" and {"xplant_refeed_kv", "xplant_decode_kv"} <= set(main.passes)
+    assert [main.stage_key(s) == fp32.stage_key(s) for s in params.STAGES[:3]] == [True, True, False]
+    assert fp32.prefix_precision == "float32" and alone.trunk_prefill == "alone"
+    assert main.stage_key("01_sampling") != alone.stage_key("01_sampling")

@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from replaylib.analysis import stats, stats_extras
@@ -23,6 +24,12 @@ pd.set_option("display.max_columns", 30)
 def records(base: Path, config: str):
     path = base / "runs" / config / "03_three_pass_replay" / "records.parquet"
     return pd.read_parquet(path) if path.exists() else None
+
+
+def first_logprobs(df, name):
+    """Per record, {arm: the greedy probe's first-token logprob} of a pass."""
+    return [{arm: float(x[1]) for arm, x in dict(json.loads(v) if isinstance(v, str) else v).items()}
+            for v in df[f"greedy_first_{name}"]]
 
 
 def pass_columns(df, name):
@@ -64,9 +71,33 @@ for config in (MAIN, FP32, ALONE):
     tab = stats_extras.transplant(df)
     if len(tab):
         print(f"[{config}] transplant table\n{tab.to_string(index=False)}")
+    # the grading-free channel: how far each pass's first-token logprobs are from exact1's and from refeed's
+    firsts = {p: first_logprobs(df, p) for p in passes}
+    for p in passes[1:]:
+        far = {ref: np.array([abs(x[a] - y[a]) for x, y in zip(firsts[p], firsts[ref]) for a in x])
+               for ref in ("exact1", "refeed")}
+        print(f"[{config}] first-token |logprob difference| of {p}: " + "; ".join(
+            f"against {ref} median {np.median(d):.2e}, mean {d.mean():.2e}, "
+            f"zero at {int((d == 0).sum())}/{len(d)} probes" for ref, d in far.items()))
     prof = root / "runs" / config / "03_three_pass_replay" / "layer_profile.parquet"
     if prof.exists():
-        summary = stats_extras.layer_profile_summary(pd.read_parquet(prof))
+        profile = pd.read_parquet(prof)
+        same_state = profile.groupby(["problem_id", "rollout", "abs_pos"]).max_abs_diff.max() == 0
+        prompt_same = profile.groupby(["problem_id", "rollout", "abs_pos"]).max_abs_diff_prompt.max() == 0
+        keyed = df.set_index(["problem_id", "rollout", "abs_pos"])
+        ids = same_state[same_state].index
+        print(f"[{config}] re-fed prefix state equal to the decode-time one at every layer and position: "
+              f"{len(ids)}/{len(same_state)} pivots; over the prompt's positions: {int(prompt_same.sum())}/"
+              f"{len(prompt_same)}")
+        if len(ids):
+            sub = keyed.loc[ids]
+            e1, rf = first_logprobs(sub, "exact1"), first_logprobs(sub, "refeed")
+            common = sub[(sub[[f"A_{p}" for p in passes]] != 0).any(axis=1)]
+            flips = int((np.sign(common.A_exact1) != np.sign(common.A_refeed)).sum())
+            print(f"[{config}]   there (generated positions before the pivot: {sorted(set(sub.gen_index))}), refeed's "
+                  f"first-token logprobs equal exact1's at {sum(x == y for x, y in zip(e1, rf))}/{len(sub)} pivots; "
+                  f"A's sign differs at {flips}/{len(common)} common pivots")
+        summary = stats_extras.layer_profile_summary(profile)
         summary.to_csv(root / f"layer_profile_{config}.csv", index=False)
         for tensor, g in summary.groupby("tensor"):
             print(f"[{config}] layer profile {tensor}: share of pivots differing per layer "
