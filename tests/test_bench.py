@@ -35,6 +35,25 @@ def test_tiny_workload_end_to_end(isolated_models, capsys):
     assert 100 * (ideal - 5e-4) / (measured + 5e-3) - 5e-3 <= share <= 100 * (ideal + 5e-4) / max(measured - 5e-3, 1e-9) + 5e-3
 
 
+def test_engines_side_by_side_share_the_workload_by_problem(isolated_models, monkeypatch, capsys):
+    """--workers N replays the workload on N engines in processes of their own, a problem on one engine, and
+    prints their aggregate rate."""
+    from replaylib.bench import side_by_side
+    jobs = [SimpleNamespace(problem_id=p, pivot_id=i) for i, p in enumerate([3, 1, 1, 2, 3, 3])]
+    parts = side_by_side.shares(jobs, 2)
+    assert [[j.pivot_id for j in part] for part in parts] == [[1, 2, 0, 4, 5], [3]]
+    assert len(side_by_side.shares(jobs, 8)) == 3
+    monkeypatch.setitem(workloads.WORKLOADS, "tiny", workloads.WORKLOADS["tiny"].__class__(
+        **{**workloads.WORKLOADS["tiny"].__dict__, "problems": (1, 2)}))
+    assert bench.main(["--device", "cpu", "--workload", "tiny", "--workers", "2"]) == 0
+    out = capsys.readouterr().out
+    line = re.search(r"^side_by_side_tokens_per_s=(\S+) engines=(\d+)$", out, re.M)
+    assert line and float(line.group(1)) > 0 and line.group(2) == "2", out[-2000:]
+    assert LAST.match(out.strip().splitlines()[-1])
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cpu", "--workload", "tiny", "--workers", "0"])
+
+
 def test_decode_traffic_counts_weights_once_and_kv_per_context_token(tiny_model_dir):
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype="bfloat16")

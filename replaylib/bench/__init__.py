@@ -1,7 +1,7 @@
 """Benchmark: the replay of a fixed workload, this package's engine against a naive baseline.
 
     python -m replaylib.bench --device cpu|cuda [--workload small|paper|tiny]
-                              [--engine hf|vllm] [--bandwidth-tbs 4.8]
+                              [--engine hf|vllm] [--workers N] [--bandwidth-tbs 4.8]
     python -m replaylib.bench --device cuda --workload paper7b --engine vllm [--problems N] [--startup-only]
 
 paper7b (main_paper7b) is the paper's scale on vLLM: a random-weight model of Qwen2.5-7B-Instruct's
@@ -22,6 +22,10 @@ model object (same dtype, same linear kernel) it then replays every pivot's requ
   naive  model.generate(...) one request at a time, as a typical credit pipeline does:
          every request re-feeds its whole prefix (on the slow CPU workload: the requests
          of the first `naive_pivots` pivots; rates are compared, not totals).
+
+  ours x N (--workers N) the same pass on N engines side by side, each in a process of its own, the
+         workload's problems dealt among them (replaylib.bench.side_by_side): one engine leaves a
+         GPU mostly idle between its decode steps, so engines sharing it multiply its work.
 
 Both are graded (replaylib.measure.replay.estimate) and write their records (parquet), and for
 both the benchmark prints generated continuation tokens/s (continuations + probes, over

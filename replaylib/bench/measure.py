@@ -120,6 +120,11 @@ class PhaseResult:
     def pivots_per_min(self) -> float:
         return 60.0 * self.pivots / self.seconds if self.seconds > 0 else 0.0
 
+def generated_tokens(out) -> int:
+    """Tokens a pivot's replay generated: its continuations and greedy probes, both arms."""
+    return (sum(len(cont) for conts in out.continuations.values() for cont in conts)
+            + sum(len(probe) for probe in out.probe_ids.values()))
+
 def speedup(fast: PhaseResult, naive: PhaseResult) -> float:
     """Tokens per second of a phase over the naive baseline's (inf when the baseline timed nothing)."""
     return fast.tokens_per_s / naive.tokens_per_s if naive.tokens_per_s > 0 else float("inf")

@@ -27,6 +27,7 @@ from .measure import (
     PeakMemory,
     PhaseResult,
     _load,
+    generated_tokens,
     report,
     speedup,
 )
@@ -104,9 +105,6 @@ def pass_settings(wl: Workload, max_tokens: int | None = None) -> PassSettings:
     return PassSettings(k=wl.k, temperature=wl.temperature, top_p=wl.top_p,
                         max_tokens=max_tokens or wl.max_cont_tokens, probe_tokens=wl.probe_tokens,
                         stop_at_answer=wl.stop_at_answer, task="gsm8k")
-
-def generated_tokens(out: PivotOutput) -> int:
-    return sum(len(c) for arm in ARMS for c in out.continuations[arm]) + sum(len(out.probe_ids[a]) for a in ARMS)
 
 def grade_and_write(engine, jobs, outs, gold, clock: Clock, out_dir: Path, tag: str):
     """Grade every pivot (the A estimate) and write the records, timed as grading and I/O."""
@@ -283,6 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="keep the records written by both phases in this directory")
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf",
                         help="vllm (CUDA): also replay with the vLLM engine; the last line then reports it")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="also replay the workload on this many transformers engines side by side, each in a "
+                             "process of its own, its problems dealt among them (the Ray executor's sharing of one "
+                             "GPU); prints their aggregate tokens/s")
     parser.add_argument("--bandwidth-tbs", type=float,
                         help="memory bandwidth in TB/s for the decode bound (default: 4.8, an H200, on cuda; "
                              "none on cpu)")
@@ -302,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.engine == "vllm" and args.device != "cuda":
         parser.error("--engine vllm runs on CUDA only: add --device cuda")
+    if args.workers < 1:
+        parser.error(f"--workers {args.workers}: it must be at least 1")
     bandwidth = args.bandwidth_tbs if args.bandwidth_tbs else (4.8 if args.device == "cuda" else None)
     bytes_per_s = bandwidth * 1e12 if bandwidth else None
     if args.workload == "paper7b" and args.project_only:
@@ -367,6 +371,14 @@ def main(argv: list[str] | None = None) -> int:
         log(f"(a) ours: HFEngine.run_pass refeed over {len(jobs)} pivots ...")
         ours, _ = run_ours(engine, jobs, gold, settings, out_dir)
         log(f"    {ours.tokens} tokens in {ours.seconds:.1f} s ({_load()})")
+        if args.workers > 1:
+            from . import side_by_side
+            log(f"(a'') ours on {args.workers} engines side by side, the {len(jobs)} pivots dealt by problem ...")
+            many = side_by_side.run(model_path, args.device, wl.dtype, wl.max_batch_rows, jobs, settings, args.workers)
+            log(f"    {many['engines']} engines: {many['tokens']} tokens in {many['seconds']:.1f} s, "
+                f"{many['tokens_per_s']:.2f} tokens/s together ({ours.tokens_per_s:.2f} on one engine); each "
+                + ", ".join(f"{r:.2f}" for r in many["per_engine_tokens_per_s"]) + f" tokens/s ({_load()})")
+            log(f"side_by_side_tokens_per_s={many['tokens_per_s']:.2f} engines={many['engines']}")
         log(f"(b) naive: model.generate one request at a time over {len(naive_jobs)} of the {len(jobs)} pivots ...")
         naive, _ = run_naive(engine, naive_jobs, gold, settings, out_dir)
         log(f"    {naive.tokens} tokens in {naive.seconds:.1f} s ({_load()})")
