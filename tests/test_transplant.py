@@ -137,6 +137,8 @@ def synthetic_records():
 
 
 def test_transplant_statistics_follow_table1():
+    import pandas as pd
+
     from replaylib.analysis import stats, stats_extras
     t = stats_extras.transplant(synthetic_records()).set_index("pass")
     assert list(t.index) == ["exact2", "refeed", "xplant_refeed_kv", "xplant_decode_kv"]
@@ -147,6 +149,17 @@ def test_transplant_statistics_follow_table1():
         t.loc["refeed", ["flips", "polarity", "mcnemar_b", "mcnemar_c"]].tolist()
     assert t.loc["xplant_decode_kv", "flips"] == 0 and t.loc["xplant_decode_kv", "excess_pp"] == pytest.approx(-25.0)
     assert t.loc["xplant_refeed_kv", "flips_vs_refeed"] == 0 and t.loc["xplant_decode_kv", "flips_vs_refeed"] == 3
+    # against refeed as against exact1, beside the same replica floor (exact2 against exact1: 1 flip of 4)
+    assert t.loc["xplant_refeed_kv", "excess_pp_vs_refeed"] == pytest.approx(-25.0)
+    assert t.loc["xplant_refeed_kv", "mcnemar_z_vs_refeed"] == pytest.approx(-1.0)
+    assert t.loc["xplant_decode_kv", ["excess_pp_vs_refeed", "mcnemar_z_vs_refeed", "clustered_t_vs_refeed"]].tolist() \
+        == pytest.approx(t.loc["refeed", ["excess_pp", "mcnemar_z", "clustered_t"]].tolist())
+    assert t.loc["refeed", "excess_pp_vs_refeed"] is None or pd.isna(t.loc["refeed", "excess_pp_vs_refeed"])
+    # with refeed's own replica in the run, its floor is refeed2 against refeed (here exact: 0 flips)
+    with_replica = synthetic_records().assign(A_refeed2=lambda d: d["A_refeed"])
+    t2 = stats_extras.transplant(with_replica).set_index("pass")
+    assert t2.loc["xplant_refeed_kv", "excess_pp_vs_refeed"] == pytest.approx(0.0)
+    assert t2.loc["xplant_decode_kv", "excess_pp_vs_refeed"] == pytest.approx(75.0)
     assert t.loc["exact2", "probe_equal_exact1"] == 1.0 and t.loc["refeed", "probe_equal_exact1"] == 0.0
     assert t.loc["xplant_refeed_kv", "probe_equal_refeed"] == 1.0
     assert t.loc["xplant_decode_kv", "probe_equal_exact1"] == pytest.approx(5 / 6)

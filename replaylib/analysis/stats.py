@@ -72,8 +72,8 @@ def exact1_set(df: pd.DataFrame) -> pd.DataFrame:
     return df.loc[df["A_exact1"] != 0]
 
 
-def _disagrees(df: pd.DataFrame, other: str) -> np.ndarray:
-    return sign(df["A_exact1"]) != sign(df[f"A_{other}"])
+def _disagrees(df: pd.DataFrame, other: str, reference: str = "exact1") -> np.ndarray:
+    return sign(df[f"A_{reference}"]) != sign(df[f"A_{other}"])
 
 
 def _ratio(num, den):
@@ -145,14 +145,14 @@ def row_meta(label: str, df: pd.DataFrame | None = None) -> dict:
 
 # --------------------------------------------------------------------------- rates
 
-def disagreement(df: pd.DataFrame, other: str) -> dict:
-    """Sign disagreement of pass ``other`` with exact1 over the records given (sec. 4.2).
+def disagreement(df: pd.DataFrame, other: str, reference: str = "exact1") -> dict:
+    """Sign disagreement of pass ``other`` with ``reference`` (exact1) over the records given (sec. 4.2).
 
-    flips = #{sign(A_exact1) != sign(A_other)}, split into zero-crossings (one side 0)
+    flips = #{sign(A_reference) != sign(A_other)}, split into zero-crossings (one side 0)
     and polarity reversals (both non-zero, opposite signs). Rates are flips / n (exact
     integer numerator and denominator are kept; rate None when n = 0).
     """
-    s1 = sign(df["A_exact1"])
+    s1 = sign(df[f"A_{reference}"])
     sx = sign(df[f"A_{other}"])
     flips = int(np.sum(s1 != sx))
     polarity = int(np.sum(s1 * sx == -1))
@@ -228,9 +228,11 @@ def bias(df: pd.DataFrame) -> dict:
     return {"mean": mean, "t": t, "ci95": ci, "n": len(d)}
 
 
-def compare(common: pd.DataFrame, other: str, floor: str = "exact2") -> dict:
-    """Pass ``other`` against exact1 beside the replica floor, over the pivots given (the common
-    set): the one comparison Table 1, the transplant table and the campaigns use.
+def compare(common: pd.DataFrame, other: str, floor: str = "exact2", reference: str = "exact1",
+            floor_reference: str = "exact1") -> dict:
+    """Pass ``other`` against ``reference`` (exact1) beside the replica floor (``floor`` against
+    ``floor_reference``: exact2 against exact1), over the pivots given (the common set): the one
+    comparison Table 1, the transplant table and the campaigns use.
 
     flips, rate, zero-crossings and polarity reversals of ``other`` (``disagreement``); the
     floor's flips; the excess in pp; McNemar b (only ``other`` disagrees), c (only the floor),
@@ -238,7 +240,7 @@ def compare(common: pd.DataFrame, other: str, floor: str = "exact2") -> dict:
     pivot here, d = (flips - floor flips)/n, one-sample t of d over problems (sample sd; 0 for
     zero spread, ``t_spread`` False; None for fewer than 2 problems), its mean in pp, and the
     counts of problems where ``other`` disagrees more, less, or equally (sec. 4.3)."""
-    mine, base = _disagrees(common, other), _disagrees(common, floor)
+    mine, base = _disagrees(common, other, reference), _disagrees(common, floor, floor_reference)
     n = len(common)
     b, c = int(np.sum(mine & ~base)), int(np.sum(base & ~mine))
     per = pd.DataFrame({"problem_id": common["problem_id"].to_numpy(), "r": mine.astype(int),
@@ -247,7 +249,7 @@ def compare(common: pd.DataFrame, other: str, floor: str = "exact2") -> dict:
     per["d"] = (per["r"] - per["f"]) / per["n"]
     mean, t, spread = _t_stat(per["d"])
     floor_flips = int(base.sum())
-    return {**disagreement(common, other), "n": n, "floor_flips": floor_flips,
+    return {**disagreement(common, other, reference), "n": n, "floor_flips": floor_flips,
             "excess_pp": None if not n else 100.0 * (int(mine.sum()) - floor_flips) / n,
             "mcnemar_b": b, "mcnemar_c": c, "mcnemar_z": (b - c) / math.sqrt(b + c) if b + c else 0.0,
             "clustered_t": t, "t_spread": spread, "n_problems": len(per),

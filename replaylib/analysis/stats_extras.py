@@ -263,30 +263,37 @@ def transplant(df: pd.DataFrame) -> pd.DataFrame:
     disagreement with exact1 (rate, polarity reversals), the excess over the replica floor in
     pp, McNemar z of the pass against the replica (b: only the pass disagrees, c: only the
     replica), the problem-clustered t of the per-problem excess, and disagreement with refeed.
-    Over all records: the share of pivots whose greedy-probe first-token logprobs are bit-identical
-    to exact1's and to refeed's (the channel that does not need power). If the change follows
-    the cache, xplant_refeed_kv behaves as refeed and xplant_decode_kv as exact1."""
+    Against refeed too, as against exact1: the excess over the replica floor, McNemar z and the
+    clustered t of each pass's disagreement with refeed (the floor: refeed2 against refeed where the
+    run has it, else exact2 against exact1). Over all records: the share of pivots whose
+    greedy-probe first-token logprobs are bit-identical to exact1's and to refeed's (the channel
+    that does not need power). If the change follows the cache, xplant_refeed_kv behaves as refeed
+    and xplant_decode_kv as exact1."""
     df = exclude_not_exact(df)[0]
     transplants = passes.names("transplant")
     present = _measured(df, ["exact2", "refeed", *transplants])
     cols = ["pass", "n", "flips", "rate", "polarity", "excess_pp", "mcnemar_b", "mcnemar_c", "mcnemar_z",
-            "clustered_t", "n_problems", "flips_vs_refeed", "rate_vs_refeed", "pivots", "probe_equal_exact1",
-            "probe_equal_refeed"]
+            "clustered_t", "n_problems", "flips_vs_refeed", "rate_vs_refeed", "excess_pp_vs_refeed",
+            "mcnemar_z_vs_refeed", "clustered_t_vs_refeed", "pivots", "probe_equal_exact1", "probe_equal_refeed"]
     if not {"exact2", "refeed"} <= set(present) or not set(transplants) & set(present):
         return pd.DataFrame(columns=cols)
     nz = df["A_exact1"].to_numpy(float) != 0
     for p in present:
         nz |= df[f"A_{p}"].to_numpy(float) != 0
     common = df.loc[nz]
+    floor, floor_reference = ("refeed2", "refeed") if _measured(df, ["refeed2"]) else ("exact2", "exact1")
     out = []
     for p in present:
         cmp = compare(common, p)
+        vs = compare(common, p, floor, "refeed", floor_reference) if p != "refeed" else {}
         vs_refeed = int(np.sum(sign(common[f"A_{p}"]) != sign(common["A_refeed"])))
         out.append({"pass": p, "n": cmp["n"], "flips": cmp["flips"], "rate": cmp["rate"],
                     "polarity": cmp["polarity"], "excess_pp": cmp["excess_pp"], "mcnemar_b": cmp["mcnemar_b"],
                     "mcnemar_c": cmp["mcnemar_c"], "mcnemar_z": cmp["mcnemar_z"], "clustered_t": cmp["clustered_t"],
                     "n_problems": cmp["n_problems"], "flips_vs_refeed": vs_refeed,
-                    "rate_vs_refeed": _ratio(vs_refeed, len(common)), "pivots": len(df),
+                    "rate_vs_refeed": _ratio(vs_refeed, len(common)), "excess_pp_vs_refeed": vs.get("excess_pp"),
+                    "mcnemar_z_vs_refeed": vs.get("mcnemar_z"), "clustered_t_vs_refeed": vs.get("clustered_t"),
+                    "pivots": len(df),
                     "probe_equal_exact1": _probe_equal_share(df, "exact1", p),
                     "probe_equal_refeed": _probe_equal_share(df, "refeed", p)})
     return pd.DataFrame(out, columns=cols)

@@ -405,7 +405,9 @@ def table_transplant(main) -> pd.DataFrame:
         "excess pp": [_num(x, "+.1f") for x in t["excess_pp"]],
         "McNemar b/c": [f"{b}/{c}" for b, c in zip(t["mcnemar_b"], t["mcnemar_c"])],
         "z": [_num(x, ".2f") for x in t["mcnemar_z"]], "t_clust": [_num(x, ".2f") for x in t["clustered_t"]],
-        "vs refeed": [_pct(r) for r in t["rate_vs_refeed"]], "pivots": t["pivots"],
+        "vs refeed": [_pct(r) for r in t["rate_vs_refeed"]],
+        "z vs refeed": [_num(x, ".2f") for x in t["mcnemar_z_vs_refeed"]],
+        "t_clust vs refeed": [_num(x, ".2f") for x in t["clustered_t_vs_refeed"]], "pivots": t["pivots"],
         "probe = exact1": [_pct(x) for x in t["probe_equal_exact1"]],
         "probe = refeed": [_pct(x) for x in t["probe_equal_refeed"]]})
 
