@@ -351,8 +351,8 @@ def test_ray_engines_on_a_gpu_start_one_at_a_time_only_for_vllm(monkeypatch, eng
     monkeypatch.setattr(executor, "ensure_ray", lambda params: False)
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"GPU": 1.0})
     monkeypatch.setattr(executor.RayExecutor, "_started", lambda self, actor: events.append("wait") or actor)
-    p = params.make({**campaigns.load(TINY).configs["tiny-primary"].to_dict(), "engine": engine, "device": "cuda", "stop_at_answer": False,
-                     "executor": "ray", "ray_workers": 4, "gpus_per_worker": 0.25})
+    p = params.make({**campaigns.load(TINY).configs["tiny-primary"].to_dict(), "engine": engine, "device": "cuda",
+                     "stop_at_answer": False, "executor": "ray", "ray_workers": 4, "gpus_per_worker": 0.25})
     assert len(executor.RayExecutor(p).actors) == 4
     assert events == (["create", "wait"] * 4 if one_at_a_time else ["create"] * 4 + ["wait"] * 4)
 

@@ -286,7 +286,7 @@ def transplant(df: pd.DataFrame) -> pd.DataFrame:
     for p in present:
         cmp = compare(common, p)
         vs = compare(common, p, floor, "refeed", floor_reference) if p != "refeed" else {}
-        vs_refeed = int(np.sum(sign(common[f"A_{p}"]) != sign(common["A_refeed"])))
+        vs_refeed = vs.get("flips", 0)  # refeed against itself: none
         out.append({"pass": p, "n": cmp["n"], "flips": cmp["flips"], "rate": cmp["rate"],
                     "polarity": cmp["polarity"], "excess_pp": cmp["excess_pp"], "mcnemar_b": cmp["mcnemar_b"],
                     "mcnemar_c": cmp["mcnemar_c"], "mcnemar_z": cmp["mcnemar_z"], "clustered_t": cmp["clustered_t"],

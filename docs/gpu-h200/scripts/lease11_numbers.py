@@ -26,12 +26,6 @@ def records(base: Path, config: str):
     return pd.read_parquet(path) if path.exists() else None
 
 
-def first_logprobs(df, name):
-    """Per record, {arm: the greedy probe's first-token logprob} of a pass."""
-    return [{arm: float(x[1]) for arm, x in dict(json.loads(v) if isinstance(v, str) else v).items()}
-            for v in df[f"greedy_first_{name}"]]
-
-
 def pass_columns(df, name):
     return sorted(c for c in df.columns if c.endswith("_" + name))
 
@@ -72,7 +66,7 @@ for config in (MAIN, FP32, ALONE):
     if len(tab):
         print(f"[{config}] transplant table\n{tab.to_string(index=False)}")
     # the grading-free channel: how far each pass's first-token logprobs are from exact1's and from refeed's
-    firsts = {p: first_logprobs(df, p) for p in passes}
+    firsts = {p: stats_extras._probe_first(df, p) for p in passes}
     for p in passes[1:]:
         far = {ref: np.array([abs(x[a] - y[a]) for x, y in zip(firsts[p], firsts[ref]) for a in x])
                for ref in ("exact1", "refeed")}
@@ -91,7 +85,7 @@ for config in (MAIN, FP32, ALONE):
               f"{len(prompt_same)}")
         if len(ids):
             sub = keyed.loc[ids]
-            e1, rf = first_logprobs(sub, "exact1"), first_logprobs(sub, "refeed")
+            e1, rf = stats_extras._probe_first(sub, "exact1"), stats_extras._probe_first(sub, "refeed")
             common = sub[(sub[[f"A_{p}" for p in passes]] != 0).any(axis=1)]
             flips = int((np.sign(common.A_exact1) != np.sign(common.A_refeed)).sum())
             print(f"[{config}]   there (generated positions before the pivot: {sorted(set(sub.gen_index))}), refeed's "
