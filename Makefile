@@ -1,6 +1,7 @@
 # make reproduce      every stage on the embedded CPU default + the paper's table and figures
 # make test           the test suite
 # make stage STAGE=03 CONFIG=embedded    rerun one stage (and whatever it needs)
+# make stage STAGE=03 SET="k=2"          the same with a value changed: the run goes to runs/embedded-k2/
 # make reproduce CONFIG=tiny             another params/<CONFIG>.yaml
 # make report CONFIG=embedded            the run's report site, site/<CONFIG>/index.html
 # make notebooks / make readme            parameters cells from the schema / the README's tables from their files
@@ -13,6 +14,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= embedded
 STAGE  ?=
+SET    ?=
 CAMPAIGN ?= tiny
 ARGS   ?=
 PIP_FLAGS ?=
@@ -46,7 +48,7 @@ browser:
 	  echo "chromium is not installed and cannot be installed here: the browser test will skip"
 
 stage: setup model
-	$(BIN)/python -m replaylib.run params/$(CONFIG).yaml $(STAGE)
+	$(BIN)/python -m replaylib.run params/$(CONFIG).yaml $(STAGE) $(foreach s,$(SET),--set $(s))
 
 setup: $(VENV)/.installed
 

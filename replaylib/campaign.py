@@ -50,8 +50,10 @@ import yaml
 from .core.files import atomic_write_bytes, open_new
 from .core.paths import REPO, config_dir, out_root, stage_dir, tables_dir
 from .runtime import params as params_mod
-from .runtime.campaigns import Campaign, CampaignDir, load
-from .runtime.rundir import StageDir, changed_outputs, copy_stage
+from .runtime.campaigns import Campaign, CampaignStage, load
+from .runtime.provenance import changed_outputs
+from .runtime.stage_copy import copy_stage
+from .runtime.stagedir import StageDir
 
 
 def _params_file(c: Campaign, name: str, out_dir=None) -> Path:
@@ -288,7 +290,7 @@ def main(argv=None) -> int:
             verb = "copy from " + shared[(name, stage)] if (name, stage) in shared else "run"
             print(f"[campaign] {c.label}: {name} {stage}: {'would ' + verb if args.dry_run else 'to ' + verb} "
                   f"({reason})")
-    statistics = CampaignDir(c, out)
+    statistics = StageDir(definition=CampaignStage(c, out))
     if args.dry_run:
         reason = "configurations rerun" if todo else (statistics.staleness() or ("forced" if args.force else None))
         print(f"[campaign] {c.label}: statistics: " + (f"would run ({reason})" if reason else "up to date"))

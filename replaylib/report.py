@@ -12,7 +12,7 @@ dropped, first kept, with one line on stderr per file that lost some), writes
 on stderr, exit status 2, and no partial output file; ``--json`` never writes inside a runs/
 directory nor over a records file it reads.
 
-``--verify`` re-checks a run directory (``rundir.verify_run``): every finished stage's
+``--verify`` re-checks a run directory (``runtime.verify.verify_run``): every finished stage's
 outputs, the statistics stage's tables and figures, and every stage's recorded inputs
 against its upstream stage's recorded outputs; exit status 1 when anything differs.
 """
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
                                  f"that path")
             print(site.build(run_dir.name, run_dir.parent.parent))
         else:
-            from .runtime.rundir import verify_run
+            from .runtime.verify import verify_run
             problems = verify_run(args.verify)
             for line in problems:
                 print(line)

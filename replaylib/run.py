@@ -1,15 +1,19 @@
 """Run stage notebooks headless: python -m replaylib.run PARAMS.yaml [STAGE ...] [--force] [--out DIR] [--html]
+[--set KEY=VALUE ...] [--preview]
 
-With no stage named, runs every stage that is missing or stale (its parameters, its
-notebook, a library module it imports directly or indirectly, or an upstream stage's
-outputs changed since it finished). A named stage always reruns from scratch, after
+With no stage named, runs every stage that is missing or stale (its parameters, the code
+that computes it (replaylib.runtime.fingerprint), or an upstream stage's outputs changed
+since it finished). A named stage always reruns from scratch, after
 whatever of its upstream stages is missing or stale; --force recomputes every stage it
 runs, reusing no partial result. A stage killed midway resumes from its finished shards
 when nothing it depends on changed. Each stage is its notebook,
 executed by papermill into runs/<config>/<stage>/<stage>.ipynb with only the
 parameters that notebook declares. Options and stage names mix in any order. A vLLM
 engine is started once for the stages that share its settings and stopped at the end
-(replaylib.runtime.engine_service).
+(replaylib.runtime.engine_service). --set KEY=VALUE changes a value for this run, which then goes to a
+run directory of its own (runs/<config>-<key><value>/); stages it has not run that another configuration
+finished with the same parameters are copied, not recomputed. --preview has each notebook run its first
+unit on its own before the stage, as in Jupyter.
 
 The terminal shows one progress line per stage (drawn from the progress file the stage
 writes, replaylib.core.progress); the kernel's and third-party output goes to
@@ -37,8 +41,11 @@ from .core.files import atomic_write_json, open_new
 from .core.paths import config_dir, figures_dir, notebook_path, out_root, tables_dir
 from .runtime.locks import LOCK_TOKEN_ENV, StageLock
 from .runtime.params import Params, load
-from .runtime.registry import ALIASES, RUN_ORDER, STAGES
-from .runtime.rundir import PARAMS_FILE_ENV, StageDir, execute_notebook
+from .runtime.registry import ALIASES, STAGES
+from .runtime.notebook import execute_notebook
+from .runtime.registry import RUN_ORDER
+from .runtime.stage_copy import copy_stage, find_stage_elsewhere
+from .runtime.stagedir import PARAMS_FILE_ENV, StageDir
 
 
 def declared_parameters(stage: str) -> list[str]:
@@ -54,20 +61,43 @@ def resolve_stage(name: str) -> str:
     raise ValueError(f"unknown stage '{name}'; stages: {', '.join(STAGES)} (or {', '.join(sorted(ALIASES))})")
 
 
-def stages_to_run(params: Params, named: list[str], force: bool, out_dir, upto: list[str] | None = None
-         ) -> list[tuple[str, str]]:
-    """(stage, reason) in order: named stages and what they need, or every stale stage (with upto:
-    every stale stage among those stages and what they need, nothing after them)."""
+def wanted_stages(params: Params, named: list[str], upto: list[str] | None = None) -> list[str]:
     wanted = named or ([s for s in STAGES if s == "04_statistics"] if params.records == "published" else STAGES)
     if upto and not named:
         closure = params.reading(upto)
         wanted = [s for s in wanted if s in closure]
+    return wanted
+
+
+def stages_to_copy(params: Params, named: list[str], force: bool, out_dir, upto: list[str] | None = None
+                   ) -> dict[str, Path]:
+    """{stage: source}: stages this configuration has not run that another configuration of this user
+    finished with the same key (a run of its own for changed values starts from them); never a named or
+    forced one."""
+    if force:
+        return {}
+    found = {}
+    for stage in [s for s in RUN_ORDER if s in params.reading(wanted_stages(params, named, upto))]:
+        if stage in named or StageDir(params, stage, out_dir).staleness() != "not run yet":
+            continue
+        src = find_stage_elsewhere(params, stage, out_dir, exclude=params.config)
+        if src is not None:
+            found[stage] = src
+    return found
+
+
+def stages_to_run(params: Params, named: list[str], force: bool, out_dir, upto: list[str] | None = None,
+                  copied: dict | None = None) -> list[tuple[str, str]]:
+    """(stage, reason) in order: named stages and what they need, or every stale stage (with upto:
+    every stale stage among those stages and what they need, nothing after them); copied: stages that
+    are about to be copied in (up to date once they are)."""
+    wanted = wanted_stages(params, named, upto)
     todo: dict[str, str] = {}
 
     def need(stage: str, explicit: bool):
         for up in params.data_upstream(stage):
             need(up, False)
-        reason = StageDir(params, stage, out_dir).staleness()
+        reason = None if stage in (copied or {}) else StageDir(params, stage, out_dir).staleness()
         if any(up in todo for up in params.data_upstream(stage)):
             reason = reason or "upstream reruns"
         if explicit and (named or force):
@@ -133,21 +163,24 @@ class StageLine:
             self.poll()
 
 
-def execute(params: Params, stage: str, out_dir, fresh: bool = False, params_file=None) -> Path:
+def execute(params: Params, stage: str, out_dir, fresh: bool = False, params_file=None, preview: bool = False
+            ) -> Path:
     """Run one stage of a configuration: its notebook given the parameters it declares (execute_dir)."""
-    return execute_dir(StageDir(params, stage, out_dir), notebook_parameters(params, stage, out_dir), fresh,
+    return execute_dir(StageDir(params, stage, out_dir), notebook_parameters(params, stage, out_dir, preview), fresh,
                        params_file)
 
 
-def notebook_parameters(params: Params, stage: str, out_dir) -> dict:
-    """The values a stage's notebook declares, from these parameters (its own, ``upstream``, ``out_dir``)."""
+def notebook_parameters(params: Params, stage: str, out_dir, preview: bool = False) -> dict:
+    """The values a stage's notebook declares, from these parameters (its own, ``upstream``, ``out_dir``,
+    ``preview``: whether it runs its first unit on its own first)."""
     from .runtime.params import own_keys
     declared = declared_parameters(stage)
-    missing = [k for k in ["config", "upstream", *own_keys(stage)] if k not in declared]
+    missing = [k for k in ["config", "upstream", "preview", *own_keys(stage)] if k not in declared]
     if missing:
         raise ValueError(f"{notebook_path(stage)}: parameters cell lacks {missing}; "
                          f"declare them with their defaults")
-    values = {**params.to_dict(), **params.notebook_values(stage), "out_dir": str(out_root(out_dir))}
+    values = {**params.to_dict(), **params.notebook_values(stage), "out_dir": str(out_root(out_dir)),
+              "preview": preview}
     return {k: values[k] for k in declared if k in values}
 
 
@@ -261,8 +294,33 @@ def shown(path: Path) -> str:
 
 
 def command(args) -> str:
-    return (f"python -m replaylib.run {args.params}" + "".join(f" --upto {u}" for u in args.upto or [])
-            + (f" --out {args.out}" if args.out else ""))
+    return (f"python -m replaylib.run {args.params}" + "".join(f" --set {a}" for a in args.set)
+            + "".join(f" --upto {u}" for u in args.upto or []) + (f" --out {args.out}" if args.out else ""))
+
+
+def with_values(params: Params, assignments: list[str], where: str) -> Params:
+    """These parameters with --set KEY=VALUE applied (VALUE read as YAML: 2, 0.5, true, [a, b]); values that
+    change what a stage computes give the run a name of its own (runtime.tweaks), unless config is set."""
+    import yaml
+
+    from .runtime.tweaks import tweaked_name
+    from .runtime.params import make
+    values = {}
+    for a in assignments:
+        key, sep, text = a.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set {a}: write KEY=VALUE, e.g. --set k=2")
+        try:
+            values[key.strip()] = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError:
+            raise ValueError(f"--set {a}: the value is not a number, true/false, text or [list]; fix it") from None
+    changed = make({**params.to_dict(), **values}, where=f"{where} --set")
+    computing = {k for stage in STAGES for k in Params.keys_for(stage)}
+    differing = {k: getattr(changed, k) for k in values if k in computing and k != "config"
+                 and getattr(params, k) != getattr(changed, k)}
+    name = changed.config if "config" in values else tweaked_name(params.config, differing) if differing \
+        else params.config
+    return Params(**{**changed.to_dict(), "config": name})
 
 
 class Terminated(Exception):
@@ -300,8 +358,10 @@ def stop_summary(params: Params, stage: str, what: str, reason: str, start: floa
     return "\n".join(lines)
 
 
-def closing_summary(params: Params, out_dir, ran: list[tuple[str, float]], site_index: Path | None) -> str:
-    """What ran, the run's headline numbers beside the paper's, and where the outputs are (read from files)."""
+def closing_summary(params: Params, out_dir, ran: list[tuple[str, float]], site_index: Path | None,
+                    rerun: str | None = None) -> str:
+    """What ran, the run's headline numbers beside the paper's, and where the outputs are (read from files);
+    rerun: the command that runs this configuration (for a run with --set values)."""
     from .display import headline as examples
     root = out_root(out_dir)
     lines = [f"=== replaylib: config {params.config} " + "=" * max(3, 60 - len(params.config))]
@@ -313,7 +373,8 @@ def closing_summary(params: Params, out_dir, ran: list[tuple[str, float]], site_
     try:
         lines += examples.headline_block(params.config, root)
     except FileNotFoundError as e:
-        lines.append(f"numbers    not available: {e}")
+        why = str(e) if rerun is None else f"{str(e).split(';')[0]}; run the statistics stage: {rerun} 04"
+        lines.append(f"numbers    not available: {why}")
     lines.append(f"tables     {shown(tables_dir(params.config, root))}/ (tab1_main.md is Table 1)")
     lines.append(f"figures    {shown(figures_dir(params.config, root))}/")
     lines.append(f"stages     {shown(config_dir(params.config, root))}/<stage>/ (executed notebook, run.log, manifest.json)")
@@ -334,27 +395,43 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="root for runs/, figures/, tables/ (default: the repository)")
     ap.add_argument("--dry-run", action="store_true", help="say what would run, run nothing")
     ap.add_argument("--html", action="store_true", help="then build the report site, site/<config>/index.html")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="change a parameter for this run (repeatable): the run goes to runs/<config>-<key><value>/, "
+                         "starting from the finished stages it shares with others")
+    ap.add_argument("--preview", action="store_true",
+                    help="each stage's notebook first runs one unit on its own, to look at (as in Jupyter)")
     args = ap.parse_intermixed_args(argv)
     out = out_root(args.out)  # absolute, once: the stages' kernels run in the repository
     try:
         params = load(args.params)
+        if args.set:
+            params = with_values(params, args.set, args.params)
         named = [resolve_stage(s) for s in args.stages]
-        todo = stages_to_run(params, named, args.force, out, [resolve_stage(s) for s in args.upto or []])
+        upto = [resolve_stage(s) for s in args.upto or []]
+        copies = stages_to_copy(params, named, args.force, out, upto)
+        todo = stages_to_run(params, named, args.force, out, upto, copies)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     runs = config_dir(params.config, out)
     if args.dry_run:
+        for stage, src in copies.items():
+            print(f"[replaylib] config {params.config}, stage {stage}: would copy {shown(src)} (same parameters)")
         for stage, reason in todo:
             print(f"[replaylib] config {params.config}, stage {stage}: would run ({reason})")
         if not todo:
             print(f"[replaylib] config {params.config}: every stage is up to date")
         return 0
-    if todo:
+    if todo or copies:
         problem = unwritable(runs)
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             return 2
+    for stage, src in copies.items():
+        copy_stage(src, runs / stage, params.config, out)
+        print(f"[replaylib] config {params.config}, stage {stage}: copied from {shown(src)} (same parameters)",
+              flush=True)
+    if todo:
         print(f"[replaylib] config {params.config}: running " + ", ".join(f"{s} ({r})" for s, r in todo) +
               f"; each stage's log: {shown(runs)}/<stage>/run.log", flush=True)
     ran = []
@@ -373,7 +450,8 @@ def _run_stages(params: Params, todo, args, runs: Path, ran: list, out: Path) ->
     for stage, reason in todo:
         start = time.time()
         try:
-            execute(params, stage, out, fresh=args.force or reason == "named", params_file=args.params)
+            execute(params, stage, out, fresh=args.force or reason == "named",
+                    params_file=str(args.params) + "".join(f" --set {a}" for a in args.set), preview=args.preview)
         except (KeyboardInterrupt, Terminated) as e:
             why = "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else "terminated (SIGTERM)"
             print(stop_summary(params, stage, "STOPPED", why, start, ran, args, runs), file=sys.stderr)
@@ -398,7 +476,7 @@ def _finish(params: Params, args, ran: list, out: Path) -> int:
         except (ValueError, OSError) as e:
             print(f"error: report site: {e}", file=sys.stderr)
             return 1
-    print(closing_summary(params, out, ran, index), flush=True)
+    print(closing_summary(params, out, ran, index, command(args) if args.set else None), flush=True)
     return 0
 
 

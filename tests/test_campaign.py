@@ -17,9 +17,9 @@ from replaylib.analysis import live_vs_published
 from replaylib.analysis.claims import CLAIMS
 from replaylib.core.files import sha256_file
 from replaylib.runtime import campaigns, params
-from replaylib.runtime.campaigns import CampaignDir
+from replaylib.runtime.campaigns import CampaignStage
 from replaylib.runtime.params import STAGES
-from replaylib.runtime.rundir import StageDir, UpstreamError
+from replaylib.runtime.stagedir import StageDir, UpstreamError
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "params" / "campaign-tiny.yaml"
@@ -116,14 +116,14 @@ def test_campaign_writes_its_items_and_records_them(runs):
 def test_campaign_statistics_are_stale_aware(runs, capsys, tmp_path):
     out = runs["local"]
     c = campaigns.load(TINY)
-    assert CampaignDir(c, out).staleness() is None
+    assert StageDir(definition=CampaignStage(c, out)).staleness() is None
     assert campaign.main([str(TINY), "--out", str(out), "--dry-run"]) == 0
     said = capsys.readouterr().out
     assert "statistics: up to date" in said and "would run" not in said
     md = out / "tables" / "campaign-tiny" / "live_vs_published.md"
     original = md.read_bytes()
     md.write_bytes(original + b"edited\n")
-    assert "live_vs_published.md changed" in CampaignDir(c, out).staleness()
+    assert "live_vs_published.md changed" in StageDir(definition=CampaignStage(c, out)).staleness()
     md.write_bytes(original)
     # records changed by hand: their configuration's stage reruns, and the statistics refuse them meanwhile
     replay = out / "runs" / "tiny-k4" / "03_three_pass_replay"
@@ -131,20 +131,20 @@ def test_campaign_statistics_are_stale_aware(runs, capsys, tmp_path):
     (replay / "records.parquet").write_bytes(saved + b"\0")
     assert "records.parquet changed" in StageDir(c.configs["tiny-k4"], "03_three_pass_replay", out).staleness()
     with pytest.raises(UpstreamError, match="records.parquet: changed or missing since the stage finished"):
-        CampaignDir(c, out).begin()
+        StageDir(definition=CampaignStage(c, out)).begin()
     # records a rerun changed (its manifest says so): the statistics rerun
     manifest = (replay / "manifest.json").read_bytes()
     recorded = json.loads(manifest)
     recorded["outputs"]["records.parquet"] = sha256_file(replay / "records.parquet")
     (replay / "manifest.json").write_text(json.dumps(recorded))
-    assert CampaignDir(c, out).staleness() == "upstream tiny-k4/03_three_pass_replay outputs changed since it ran"
+    assert StageDir(definition=CampaignStage(c, out)).staleness() == "upstream tiny-k4/03_three_pass_replay outputs changed since it ran"
     (replay / "records.parquet").write_bytes(saved)
     (replay / "manifest.json").write_bytes(manifest)
-    assert CampaignDir(c, out).staleness() is None
+    assert StageDir(definition=CampaignStage(c, out)).staleness() is None
     # another campaign file under the same name
     edited = tmp_path / "campaign-tiny.yaml"
     edited.write_text(TINY.read_text().replace("bootstrap_draws: 50", "bootstrap_draws: 60"))
-    assert CampaignDir(campaigns.load(edited), out).staleness() == "campaign file changed"
+    assert StageDir(definition=CampaignStage(campaigns.load(edited), out)).staleness() == "campaign file changed"
 
 
 def test_executor_values_are_in_no_stage_key():
@@ -388,7 +388,7 @@ def test_a_stage_with_the_same_key_is_copied_from_the_configuration_that_ran_it(
     its sampling and pivot stages are tiny-screened's, copied, not computed twice."""
     c = campaigns.load(TINY)
     assert c.shared_stages() == {("tiny-k4", s): "tiny-screened" for s in SHARED}
-    from replaylib.runtime.rundir import verify_run
+    from replaylib.runtime.verify import verify_run
     for executor, root in runs.items():
         for stage in SHARED:
             mine = json.loads((root / "runs" / "tiny-k4" / stage / "manifest.json").read_text())

@@ -212,33 +212,68 @@ def test_a_killed_run_resumes_from_its_shards_to_the_same_bytes(tiny_engine, tin
     subprocess.run(command(path, whole, tiny_model_dir), env=env, check=True, capture_output=True)
     proc = subprocess.Popen(command(path, cut, tiny_model_dir), env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    manifest = cut / "shards" / "manifest.json"
+    record = cut / "shards" / "resume.json"
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
-        if manifest.exists() and json.loads(manifest.read_text())["shards"]:
+        if record.exists() and json.loads(record.read_text())["units"]:
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    done = json.loads(manifest.read_text())["shards"]
-    kept = {name: (cut / "shards" / name).stat().st_mtime_ns for name in done}
+    done = [rel for unit in json.loads(record.read_text())["units"].values() for rel, _ in unit["parts"].values()]
+    kept = {rel: (cut / "shards" / rel).stat().st_mtime_ns for rel in done}
     assert 0 < len(done) and not (cut / "credit.parquet").exists()
     result = subprocess.run(command(path, cut, tiny_model_dir), env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert all((cut / "shards" / name).stat().st_mtime_ns == t for name, t in kept.items())  # reused, not rewritten
+    assert all((cut / "shards" / rel).stat().st_mtime_ns == t for rel, t in kept.items())  # reused, not rewritten
     assert (cut / "credit.parquet").read_bytes() == (whole / "credit.parquet").read_bytes()
-    # a shard is reused only under its own key, and only with the bytes the manifest holds
-    from replaylib.credit.tool import Shards, groups_of
-    read = groups_of(inputs.read_rollouts(path, VOCAB))
-    assert len(read) == 2
-    key = json.loads((cut / "shards" / "manifest.json").read_text())["key"]
-    assert all(Shards(cut, key).get(r) is not None for r in read)
-    assert all(Shards(cut, "other settings").get(r) is None for r in read)
-    shard = cut / "shards" / Shards(cut, key).name(read[0])
+    timing = json.loads((cut / "timing.json").read_text())  # the reused groups keep the timing they were made with
+    assert len(timing["groups"]) == 2 and all(g["passes"]["resume"]["seconds"] > 0 for g in timing["groups"])
+    assert [g["computed_this_run"] for g in timing["groups"]].count(False) == len(kept) // 2
+    # a shard is reused only under its own key, and only with the bytes its record holds
+    from replaylib.credit.kernel import KERNEL, groups_of
+    from replaylib.runtime.shards import ShardStore
+    units = KERNEL.plan(None, {"groups": groups_of(inputs.read_rollouts(path, VOCAB)), "path": str(path)}, {})
+    assert len(units) == 2
+    key = json.loads(record.read_text())["resume_key"]
+    assert all(ShardStore(cut / "shards", key).load(u) is not None for u in units)
+    assert all(ShardStore(cut / "shards", "other settings").load(u) is None for u in units)
+    shard = cut / "shards" / ShardStore(cut / "shards", key).units[units[0].name]["parts"]["rows"][0]
     shard.write_bytes(shard.read_bytes()[:-1] + b"x")
-    assert Shards(cut, key).get(read[0]) is None
+    assert ShardStore(cut / "shards", key).load(units[0]) is None
     assert Settings(model=tiny_model_dir, grader="gsm8k", k=3).key() != Settings(model=tiny_model_dir,
                                                                                  grader="gsm8k").key()
+
+
+def test_an_edit_of_the_credit_kernel_recomputes_its_shards_and_a_comment_does_not(tiny_engine, tiny_model_dir,
+                                                                                     tmp_path):
+    """The tool's shards are keyed by the code that computes a row (credit.kernel.code_digest), as a stage's are."""
+    import shutil
+    code = tmp_path / "code"
+    shutil.copytree(REPO / "replaylib", code / "replaylib", ignore=shutil.ignore_patterns("__pycache__"))
+    path = write(tmp_path / "r.jsonl", sampled_rollouts(tiny_engine, n=2, max_new=8))
+    out = tmp_path / "o"
+
+    def run_tool() -> tuple[str, dict]:
+        subprocess.run(command(path, out, tiny_model_dir), env=dict(os.environ, PYTHONPATH=str(code)), cwd=tmp_path,
+                       check=True, capture_output=True)
+        record = json.loads((out / "shards" / "resume.json").read_text())
+        files = [rel for unit in record["units"].values() for rel, _ in unit["parts"].values()]
+        return record["resume_key"], {rel: (out / "shards" / rel).stat().st_mtime_ns for rel in files}
+
+    key, files = run_tool()
+    first = (out / "credit.parquet").read_bytes()
+    kernel_file = code / "replaylib" / "measure" / "credit.py"
+    text = kernel_file.read_text()
+    kernel_file.write_text(text.replace('"""Every pass over one group\'s pivots,', '"""In short: every pass over one '
+                                                                              'group\'s pivots,', 1))
+    assert kernel_file.read_text() != text
+    assert run_tool() == (key, files)  # a docstring: every shard reused as it was
+    kernel_file.write_text(text.replace("    jobs = jobs_for(prompt, responses, pivots, seeds)\n",
+                                        "    jobs = jobs_for(prompt, responses, pivots, seeds)\n    jobs = list(jobs)\n", 1))
+    again, rewritten = run_tool()
+    assert again != key and all(rewritten[rel] != t for rel, t in files.items() if rel in rewritten)
+    assert (out / "credit.parquet").read_bytes() == first  # recomputed, to the same rows
 
 
 def test_export_writes_a_run_s_trunks_as_rollouts(tiny_engine, tmp_path):

@@ -228,7 +228,7 @@ def test_the_runner_looks_for_leftover_engine_cores_after_vllm_stages_only(tmp_p
 
     from replaylib import run
     from replaylib.runtime import params
-    from replaylib.runtime.rundir import StageDir
+    from replaylib.runtime.stagedir import StageDir
     called = []
     monkeypatch.setattr(run, "stop_leftover_engines", lambda: called.append(True))
     monkeypatch.setattr(papermill, "execute_notebook", lambda *a, **k: None)

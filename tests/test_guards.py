@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from replaylib.core import paths
-from replaylib.runtime import params, rundir
+from replaylib.runtime import params, stagedir
 
 
 def test_a_run_directory_that_cannot_be_created_is_refused(tmp_path):
     (tmp_path / "runs").write_text("a file where the runs folder should be")
     p = params.make({"config": "x"})
     with pytest.raises(OSError, match="cannot create the run directory") as e:
-        rundir.StageDir(p, "01_sampling", tmp_path).begin()
+        stagedir.StageDir(p, "01_sampling", tmp_path).begin()
     assert "\n" not in str(e.value)
 
 
@@ -21,7 +21,7 @@ def test_a_full_disk_is_refused_before_any_work(tmp_path, monkeypatch):
     real = shutil.disk_usage
     monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=10 * 2**20))
     with pytest.raises(OSError, match="MiB free"):
-        rundir.StageDir(params.make({"config": "x"}), "01_sampling", tmp_path).begin()
+        stagedir.StageDir(params.make({"config": "x"}), "01_sampling", tmp_path).begin()
     assert not (tmp_path / "runs" / "x" / "01_sampling" / "params.json").exists()
 
 

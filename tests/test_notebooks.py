@@ -27,10 +27,10 @@ def test_notebook_has_no_outputs_and_a_parameters_cell(stage):
         assert isinstance(node, ast.Assign) and len(node.targets) == 1
         values[node.targets[0].id] = ast.literal_eval(node.value)
     defaults = Params()
-    assert set(values) == {"out_dir", "upstream", *notebook_keys(stage)}
-    assert values["upstream"] == {}
+    assert set(values) == {"out_dir", "upstream", "preview", *notebook_keys(stage)}
+    assert values["upstream"] == {} and values["preview"] is True
     for name, value in values.items():
-        if name not in ("out_dir", "upstream"):
+        if name not in ("out_dir", "upstream", "preview"):
             assert value == getattr(defaults, name), name
 
 
@@ -54,7 +54,7 @@ def test_one_compute_cell_calls_the_stage_s_driver_and_nothing_else(stage):
 def test_papermill_sees_every_parameter(stage):
     import papermill
     declared = papermill.inspect_notebook(str(REPO / "notebooks" / f"{stage}.ipynb"))
-    assert set(declared) == {"out_dir", "upstream", *notebook_keys(stage)}
+    assert set(declared) == {"out_dir", "upstream", "preview", *notebook_keys(stage)}
 
 
 def test_parameters_cells_are_what_the_schema_says():

@@ -10,7 +10,7 @@ import pytest
 
 from replaylib.core import files
 from replaylib.run import stages_to_run
-from replaylib.runtime import params, rundir
+from replaylib.runtime import params, stagedir, verify
 from replaylib.runtime.params import STAGES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,7 +28,7 @@ def test_every_stage_finishes_with_manifest_and_notebook(tiny_run):
         manifest = json.loads((d / "manifest.json").read_text())
         assert manifest["key"] == params.load(REPO / "params" / "tiny.yaml").stage_key(stage)
         assert {"git", "versions", "device", "inputs", "outputs"} <= set(manifest)
-    assert rundir.verify_run(tiny_run / "runs" / "tiny") == []
+    assert verify.verify_run(tiny_run / "runs" / "tiny") == []
 
 
 def test_records_follow_the_published_schema(tiny_run):
@@ -104,13 +104,13 @@ def test_verify_catches_a_changed_table(tiny_run, capsys):
     finally:
         table.write_bytes(original)
     assert code == 1 and lines == [f"{table}: sha256 differs from the manifest (product of 04_statistics)"]
-    assert rundir.verify_run(tiny_run / "runs" / "tiny") == []
+    assert verify.verify_run(tiny_run / "runs" / "tiny") == []
 
 
 def test_verify_reads_products_named_relative_to_the_out_root(tiny_run, tmp_path, capsys):
     copy = tmp_path / "copy"  # a moved run: its products are found relative to its own out root
     shutil.copytree(tiny_run, copy)
-    assert rundir.verify_run(copy / "runs" / "tiny") == []
+    assert verify.verify_run(copy / "runs" / "tiny") == []
     (copy / "figures" / "tiny" / "fig2_configs.png").unlink()
     code, lines = _verify(copy / "runs" / "tiny", capsys)
     assert code == 1 and lines == [f"{copy / 'figures' / 'tiny' / 'fig2_configs.png'}: missing (product of 04_statistics)"]
@@ -147,8 +147,8 @@ def test_rerun_is_a_no_op_and_a_change_reruns_only_what_it_invalidates(tiny_run,
 
 def test_a_stage_refuses_an_upstream_made_with_other_parameters(tiny_run):
     other = params.make({**params.load(REPO / "params" / "tiny.yaml").to_dict(), "margin_threshold": 0.5})
-    stage = rundir.StageDir(other, "03_three_pass_replay", tiny_run)
-    with pytest.raises(rundir.UpstreamError, match="margin_threshold: 1.0 there, 0.5 here"):
+    stage = stagedir.StageDir(other, "03_three_pass_replay", tiny_run)
+    with pytest.raises(stagedir.UpstreamError, match="margin_threshold: 1.0 there, 0.5 here"):
         stage.check_upstream("02_pivot_mining")
 
 
@@ -157,9 +157,9 @@ def test_a_modified_upstream_file_is_refused(tiny_run, tmp_path):
     shutil.copytree(tiny_run, copy)
     (copy / "runs" / "tiny" / "02_pivot_mining" / "pivots.parquet").write_bytes(b"changed")
     tiny = params.load(REPO / "params" / "tiny.yaml")
-    with pytest.raises(rundir.UpstreamError, match="changed or missing"):
-        rundir.StageDir(tiny, "03_three_pass_replay", copy).check_upstream("02_pivot_mining")
-    assert any("sha256 differs" in p for p in rundir.verify_run(copy / "runs" / "tiny"))
+    with pytest.raises(stagedir.UpstreamError, match="changed or missing"):
+        stagedir.StageDir(tiny, "03_three_pass_replay", copy).check_upstream("02_pivot_mining")
+    assert any("sha256 differs" in p for p in verify.verify_run(copy / "runs" / "tiny"))
 
 
 def test_runner_refuses_unknown_parameters_in_one_line(tmp_path):

@@ -28,8 +28,8 @@ from replaylib.analysis import records
 from replaylib.core import files
 from replaylib.measure import data
 from replaylib.run import execute_dir, main, stages_to_run
-from replaylib.runtime import campaigns, locks, params, rundir
-from replaylib.runtime.campaigns import CampaignDir
+from replaylib.runtime import campaigns, locks, origin, params, stagedir, verify
+from replaylib.runtime.campaigns import CampaignStage
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "params" / "tiny.yaml"
@@ -60,7 +60,7 @@ def test_a_refused_rerun_deletes_nothing(run):
     records_file = run / REPLAY / "records.parquet"
     before = files.sha256_file(records_file)
     (run / "runs/tiny/02_pivot_mining/pivots.parquet").write_bytes(b"changed")
-    with pytest.raises(rundir.UpstreamError, match="changed or missing since the stage finished"):
+    with pytest.raises(stagedir.UpstreamError, match="changed or missing since the stage finished"):
         execute(params.load(TINY), "03_three_pass_replay", run, fresh=True)
     assert records_file.exists() and files.sha256_file(records_file) == before
     assert (run / REPLAY / "DONE").exists()
@@ -70,7 +70,7 @@ def test_the_runner_reruns_an_upstream_whose_outputs_changed(run, capsys):
     (run / "runs/tiny/02_pivot_mining/pivots.parquet").write_bytes(b"changed")
     assert main([str(TINY), "03", "--out", str(run)]) == 0
     assert "02_pivot_mining (its output pivots.parquet changed or went missing" in capsys.readouterr().out
-    assert rundir.verify_run(run / "runs" / "tiny") == []
+    assert verify.verify_run(run / "runs" / "tiny") == []
 
 
 def test_report_json_never_overwrites_an_input(run, capsys):
@@ -89,7 +89,7 @@ def test_a_changed_parameter_in_a_notebook_keeps_the_finished_run(run, monkeypat
     before = files.sha256_file(run / REPLAY / "records.parquet")
     tiny = params.load(TINY)
     changed = dataclasses.replace(tiny, k=3)
-    with pytest.raises(rundir.UpstreamError) as e:
+    with pytest.raises(stagedir.UpstreamError) as e:
         replay.run(changed, run)
     msg = str(e.value)
     assert "\n" not in msg and "k: 2 there, 3 here" in msg and "config = 'tiny-k3'" in msg
@@ -120,7 +120,7 @@ def test_a_second_runner_on_the_same_stage_stops_at_once(run, capsys):
         assert f"another runner (pid {holder.pid}) is running 03_three_pass_replay of tiny" in err
         assert time.monotonic() - started < 60
         with pytest.raises(locks.StageBusy, match=f"pid {holder.pid}"):
-            rundir.StageDir(params.load(TINY), "03_three_pass_replay", run).begin()
+            stagedir.StageDir(params.load(TINY), "03_three_pass_replay", run).begin()
     finally:
         holder.kill()
         holder.wait()
@@ -144,7 +144,7 @@ def test_a_relative_out_is_resolved_before_anything_starts(tmp_path, monkeypatch
     assert (tmp_path / "runs/tiny/01_sampling/run.log").exists()
     c = campaigns.load(REPO / "params/campaign-tiny.yaml")
     with pytest.raises(RuntimeError, match="stand-in"):
-        execute_dir(CampaignDir(c, "."), campaign.statistics_parameters(c, "."))
+        execute_dir(stagedir.StageDir(definition=CampaignStage(c, ".")), campaign.statistics_parameters(c, "."))
     assert given[-1]["out_dir"] == str(tmp_path)
     assert (tmp_path / "runs/campaign-tiny/06_campaign/run.log").exists()
     commands = []
@@ -172,7 +172,7 @@ def test_a_rerun_replaces_planted_links_and_writes_through_none(run, tmp_path):
         assert (elsewhere / f"{i}-{Path(rel).name}").read_text() == "not the run's", rel
         assert (run / rel).is_file() and not (run / rel).is_symlink(), rel
     json.loads((run / planted[1]).read_text())  # the executed notebook, whole
-    assert rundir.verify_run(run / "runs" / "tiny") == []
+    assert verify.verify_run(run / "runs" / "tiny") == []
 
 
 def test_a_linked_directory_in_a_finished_stage_is_removed_not_followed(run, tmp_path, monkeypatch):
@@ -185,14 +185,14 @@ def test_a_linked_directory_in_a_finished_stage_is_removed_not_followed(run, tmp
     (stage / "x").symlink_to(elsewhere)
     assert main([str(TINY), "02", "--out", str(run)]) == 0
     assert (elsewhere / "precious.txt").read_text() == "keep" and not (stage / "x").exists()
-    assert rundir.verify_run(run / "runs" / "tiny") == []
+    assert verify.verify_run(run / "runs" / "tiny") == []
     (stage / "x").mkdir()
 
     def refuse(path, *a, **k):
         raise OSError(errno.EBUSY, "Device or resource busy", str(path))
-    monkeypatch.setattr(rundir.shutil, "rmtree", refuse)
+    monkeypatch.setattr(stagedir.shutil, "rmtree", refuse)
     with pytest.raises(OSError) as e:
-        rundir.StageDir(params.load(TINY), "02_pivot_mining", run).clear()
+        stagedir.StageDir(params.load(TINY), "02_pivot_mining", run).clear()
     assert str(stage / "x") in str(e.value) and "\n" not in str(e.value)
     assert not (stage / "DONE").exists()
 
@@ -376,11 +376,11 @@ def test_a_renamed_run_copies_only_stages_this_user_made(run):
         m["origin"] = "0" * 64
         (received / stage / "manifest.json").write_text(json.dumps(m))
     renamed = dataclasses.replace(params.load(TINY), k=3, config="tiny-k3")
-    rundir.StageDir(renamed, "03_three_pass_replay", run)._copy_missing_upstream()
+    stagedir.ConfigStage(renamed, "03_three_pass_replay", run).copy_missing_upstream()
     for stage in ("01_sampling", "02_pivot_mining"):
         manifest = json.loads((run / "runs/tiny-k3" / stage / "manifest.json").read_text())
         assert manifest["copied_from"] == f"runs/tiny/{stage}"
-        assert rundir.made_here(manifest)
+        assert origin.made_here(manifest)
 
 
 def test_a_received_run_never_fetches_its_tokenizer(monkeypatch):
@@ -498,8 +498,8 @@ def test_the_task_data_file_is_in_the_provenance_chain(run, tmp_path, monkeypatc
     rec["answer"] = rec["answer"].rsplit("####", 1)[0] + "#### 999999"
     copy.write_text("\n".join([json.dumps(rec)] + lines[1:]) + "\n")
     assert stages_to_run(tiny, [], False, run)[0][0] == "01_sampling"
-    with pytest.raises(rundir.UpstreamError, match="the task's data file changed since it ran"):
-        rundir.StageDir(tiny, "02_pivot_mining", run).check_upstream("01_sampling")
+    with pytest.raises(stagedir.UpstreamError, match="the task's data file changed since it ran"):
+        stagedir.StageDir(tiny, "02_pivot_mining", run).check_upstream("01_sampling")
 
 
 def test_a_finished_stage_whose_outputs_changed_is_stale(run):
@@ -721,10 +721,10 @@ def test_a_signal_while_the_kernel_starts_stops_the_stage(tmp_path, monkeypatch,
 
 
 def test_a_refused_upstream_names_the_out_root_and_the_params_file(run, monkeypatch):
-    monkeypatch.setenv(rundir.PARAMS_FILE_ENV, "params/mine.yaml")
+    monkeypatch.setenv(stagedir.PARAMS_FILE_ENV, "params/mine.yaml")
     (run / "runs/tiny/02_pivot_mining/pivots.parquet").write_bytes(b"changed")
-    with pytest.raises(rundir.UpstreamError) as e:
-        rundir.StageDir(params.load(TINY), "03_three_pass_replay", run).check_upstream("02_pivot_mining")
+    with pytest.raises(stagedir.UpstreamError) as e:
+        stagedir.StageDir(params.load(TINY), "03_three_pass_replay", run).check_upstream("02_pivot_mining")
     assert f"python -m replaylib.run params/mine.yaml 02_pivot_mining --out {run}" in str(e.value)
 
 
@@ -738,7 +738,7 @@ def test_an_output_root_that_cannot_be_written_is_one_line(tmp_path, capsys):
 def test_a_full_disk_names_the_file(tmp_path, monkeypatch):
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(rundir.os, "replace", full)
+    monkeypatch.setattr(files.os, "replace", full)
     target = tmp_path / "x.json"
     with pytest.raises(OSError) as e:
         files.atomic_write_json(target, {"a": 1})
@@ -796,7 +796,7 @@ def test_only_the_runner_holding_the_lock_replaces_a_finished_stage(run, monkeyp
     before = files.sha256_file(run / "runs/tiny/02_pivot_mining/pivots.parquet")
     tiny = params.load(TINY)
     changed = dataclasses.replace(tiny, margin_threshold=tiny.margin_threshold + 0.5)
-    with pytest.raises(rundir.UpstreamError, match="made with other parameters"):
+    with pytest.raises(stagedir.UpstreamError, match="made with other parameters"):
         pivots.run(changed, run)
     assert files.sha256_file(run / "runs/tiny/02_pivot_mining/pivots.parquet") == before
 

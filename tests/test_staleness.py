@@ -35,7 +35,10 @@ def tamper_shard(out: Path, rewrite_resume: bool) -> float:
     df.to_parquet(shard, index=False)
     if rewrite_resume and (stage / "resume.json").exists():
         resume = json.loads((stage / "resume.json").read_text())
-        resume["shards"][str(shard.relative_to(stage))] = sha256_file(shard)
+        for unit in resume["units"].values():
+            for part in unit["parts"].values():
+                if part[0] == str(shard.relative_to(stage)):
+                    part[1] = sha256_file(shard)
         (stage / "resume.json").write_text(json.dumps(resume))
     return original
 

@@ -32,7 +32,9 @@ def parameters_source(stage: str) -> str:
              "# `python -m replaylib.run PARAMS.yaml` or papermill -p overrides them.",
              line("config"),
              'out_dir = ""  # root of runs/, figures/ and tables/ (empty: the repository)',
-             "upstream = {}  # the upstream stages' parameters (the runner passes them; empty: their params.json)"]
+             "upstream = {}  # the upstream stages' parameters (the runner passes them; empty: their params.json)",
+             "preview = True  # run the first unit on its own before the stage, to look at it (it writes nothing "
+             "kept; the runner passes False unless given --preview)"]
     if stage in EXECUTOR_STAGES:  # where the engines run: in no stage key (replaylib/executor.py)
         lines.append("# executor")
         lines += [line(k) for k in EXECUTOR_KEYS]

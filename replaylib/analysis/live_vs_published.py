@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.paths import PAPER_RECORDS
+from ..measure.units import Kernel, Outputs, Unit
 from . import records as rec
 from . import stats, stats_extras
 
@@ -119,3 +120,46 @@ def comparison_markdown(c, table: pd.DataFrame, claims: list[dict]) -> str:
         if len(modes) > 1:
             lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def plan(params, inputs, done: dict) -> list[Unit]:
+    """One unit: the campaign's rows from its configurations' records."""
+    c = inputs["campaign"]
+    return [Unit("campaign", f"campaign {c.name}", (c, inputs["replay"], inputs["invariant"]))]
+
+
+def campaign_unit(engine, params, c, replay_files: dict, invariant_file) -> dict:
+    """Table 1, Figures 1-3, the comparison with the published rows and the claims' verdicts, in memory;
+    replay_files: each configuration's replay records file; invariant_file: the batch-invariant row's."""
+    from . import tables
+
+    def replay(name: str):  # a frame of its own for each use: the rows' pools and Figure 3's
+        return rec.load_records(replay_files[name])
+
+    rows = live_rows(c, replay, rec.load_records(invariant_file))
+    made = {"tab1_main": tables.table1(rows), "figures": figures(c, rows, replay)}
+    made["comparison"] = comparison_table(c, rows, c.bootstrap_draws)
+    made["claims"] = verdicts(c, rows)
+    made["markdown"] = comparison_markdown(c, made["comparison"], made["claims"])
+    return made
+
+
+def assemble(params, inputs, done: dict) -> Outputs:
+    """tables/campaign-<name>/ (tab1_main, live_vs_published.csv and .md) and figures/campaign-<name>/."""
+    import matplotlib.pyplot as plt
+
+    from ..core.files import atomic_save, atomic_write_bytes
+    from . import plotting, tables
+    made, tdir, fdir = done["campaign"], inputs["tables_dir"], inputs["figures_dir"]
+    products = tables.write_table(made["tab1_main"], "tab1_main", tdir)
+    for name, ((fig, _), data) in made["figures"].items():
+        products += plotting.save_figure(fig, name, fdir, data)
+    csv, md = tdir / "live_vs_published.csv", tdir / "live_vs_published.md"
+    atomic_save(csv, lambda tmp: made["comparison"].to_csv(tmp, index=False))
+    atomic_write_bytes(md, made["markdown"].encode())
+    plt.close("all")
+    return Outputs({}, {"claims": made["claims"]}, products=products + [csv, md], result=made["claims"])
+
+
+KERNEL = Kernel(plan=plan, unit=campaign_unit, assemble=assemble, preview=lambda parts: parts["tab1_main"],
+                progress=("campaign", "unit"))

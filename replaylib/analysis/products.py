@@ -1,9 +1,17 @@
-"""The statistics stage's products from its inputs: the published records or a run's, every figure, the transplant tables, the claims and summary.json."""
+"""Stage 4: every statistic, the tables and the figures (docs/protocol.md sections 4, 5), from the published
+records or a run's: its plan (one unit), the unit that computes every table, figure, claim and summary.json
+in memory, and the assembly that writes them (tables/<config>/, figures/<config>/ with each figure's data as
+CSV, runs/<config>/04_statistics/summary.json; the stage's manifest records every product under
+``products``, by path relative to the out root). Data flows one way: ``stats`` (pure statistics) <-
+``tables`` and ``plotting`` <- this module."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import pandas as pd
 
 from ..core.paths import PAPER_RECORDS
+from ..measure.units import Kernel, Outputs, Unit
 from . import claims, plotting, stats, stats_extras, tables
 from . import records as rec
 
@@ -143,3 +151,47 @@ def summary(inputs: dict, n_boot: int) -> dict:
         "layer_profile": (_records(stats_extras.layer_profile_summary(inputs["layer_profile"]))
                           if inputs.get("layer_profile") is not None else []),
     }
+
+
+def plan(params, inputs, done: dict) -> list[Unit]:
+    """One unit: the records the statistics read (the paper's, or this run's stages 3 and 5)."""
+    return [Unit("statistics", f"statistics of the {params.records} records", (inputs.get("records"),))]
+
+
+def statistics_unit(engine, params, records: dict | None) -> dict:
+    """Every table, figure and claim and summary.json, in memory; records: the files of this run's stage 3
+    (``replay``, ``layer_profile``) and stage 5 (``invariant``), or None for the published records."""
+    if params.records == "published":
+        inputs = published_inputs()
+    else:
+        profile = Path(records["layer_profile"])
+        inputs = run_inputs(params, rec.load_records(records["replay"]), rec.load_records(records["invariant"]),
+                            pd.read_parquet(profile) if profile.exists() else None)
+    made = tables.all_tables(inputs["rows"], params.bootstrap_draws, runs=inputs["runs"], cohorts=inputs["cohorts"])
+    made.update(transplant_tables(inputs))
+    inputs["claims"] = run_claims(inputs)
+    made["tab21_claims"] = tables.table_claims(inputs["claims"])
+    return {"tables": made, "figures": figures(inputs), "summary": summary(inputs, params.bootstrap_draws)}
+
+
+def write_products(made: dict, tables_dir, figures_dir) -> list:
+    """Write a statistics unit's tables and figures; returns their paths."""
+    import matplotlib.pyplot as plt
+    products = []
+    for name, df in made["tables"].items():
+        products += tables.write_table(df, name, tables_dir)
+    for name, ((fig, _), data) in made["figures"].items():
+        products += plotting.save_figure(fig, name, figures_dir, data)
+    plt.close("all")
+    return products
+
+
+def assemble(params, inputs, done: dict) -> Outputs:
+    made = done["statistics"]
+    return Outputs({"summary.json": made["summary"]}, products=write_products(made, inputs["tables_dir"],
+                                                                               inputs["figures_dir"]),
+                   result=made["summary"])
+
+
+KERNEL = Kernel(plan=plan, unit=statistics_unit, assemble=assemble,
+                preview=lambda parts: parts["tables"]["tab1_main"], progress=("statistics", "unit"))

@@ -1,8 +1,10 @@
 """Live progress of a stage, in a notebook and in the terminal of `python -m replaylib.run`.
 
-A stage opens a bar for each phase of its work, `progress.bar(stage_dir, "replay", total, unit)`;
-its loops call `progress.update(n)`, and the engines report every decode step with
-`progress.tokens(n_tokens, rows_finished)`. The bar is a tqdm.auto bar (a widget in Jupyter)
+The runner of a stage (replaylib.runtime.units) opens a bar for its work, `progress.bar(stage_dir,
+"replay", total, unit)`; a unit with phases of its own opens each with `progress.phase("trunks", total,
+unit)` (in the stage's directory, or only on the screen for a preview that writes nothing); its loops call
+`progress.update(n)`, and the engines report every decode step with `progress.tokens(n_tokens,
+rows_finished)`. The bar is a tqdm.auto bar (a widget in Jupyter)
 and is also written, at most twice a second, to `<stage_dir>/progress.json`. A stage runs
 inside a papermill kernel whose output the terminal never sees, so the runner polls that
 file and draws the stage's line itself; under the runner (REPLAYLIB_RUNNER set) the notebook
@@ -20,6 +22,7 @@ FILE = "progress.json"
 RUNNER_ENV = "REPLAYLIB_RUNNER"
 WRITE_EVERY_S = 0.5
 _current: "Bar | None" = None
+_stage_dir: "Path | None" = None  # where a phase's bar is written (None: on the screen only)
 _forward = None  # in an engine server, while a unit runs: sends each progress event to its stage
 
 
@@ -27,7 +30,7 @@ class Bar:
     """One phase of a stage: `n` of `total` units done, plus decoded tokens."""
 
     def __init__(self, stage_dir, desc: str, total: int, unit: str, count_rows: bool = False):
-        self.path = Path(stage_dir) / FILE
+        self.path = Path(stage_dir) / FILE if stage_dir is not None else None
         self.desc, self.total, self.unit, self.count_rows = desc, int(total), unit, count_rows
         self.n, self.n_tokens, self.started, self._written = 0, 0, time.time(), 0.0
         if os.environ.get(RUNNER_ENV):  # the runner draws the line; tqdm.auto would warn in a kernel without widgets
@@ -71,6 +74,9 @@ class Bar:
         now = time.time()
         if not force and now - self._written < WRITE_EVERY_S:
             return False
+        if self.path is None:
+            self._written = now
+            return True
         self._written = now
         state = {"desc": self.desc, "unit": self.unit, "n": self.n, "total": self.total, "tokens": self.n_tokens,
                  "started": self.started, "updated": now, "done": done}
@@ -100,15 +106,33 @@ class _ForwardedBar:
 
 
 def bar(stage_dir, desc: str, total: int, unit: str, count_rows: bool = False) -> Bar:
-    """Start a phase (closing the previous one); count_rows: finished decode rows advance it."""
+    """Start a phase (closing the previous one) written to stage_dir's progress file (None: on the screen
+    only); count_rows: finished decode rows advance it."""
     global _current
     if _forward is not None:
-        _forward(("bar", str(stage_dir), desc, total, unit, count_rows))
+        _forward(("bar", None if stage_dir is None else str(stage_dir), desc, total, unit, count_rows))
         return _ForwardedBar()
     if _current is not None:
         _current.close()
     _current = Bar(stage_dir, desc, total, unit, count_rows)
     return _current
+
+
+def phase(desc: str, total: int, unit: str, count_rows: bool = False):
+    """A unit's own phase of work, in the directory of the stage it runs for."""
+    return bar(_stage_dir, desc, total, unit, count_rows)
+
+
+def in_stage(stage_dir) -> None:
+    """Where phases are written from now on (None: on the screen only)."""
+    global _stage_dir
+    _stage_dir = None if stage_dir is None else Path(stage_dir)
+
+
+def finish() -> None:
+    """Close the phase that is open, if any."""
+    if _current is not None:
+        _current.close()
 
 
 def update(n: int = 1) -> None:
@@ -136,7 +160,7 @@ def apply(event: tuple) -> None:
     """An event a unit sent from another process (forward_to there), drawn here."""
     kind, *args = event
     if kind == "bar":
-        bar(*args)
+        bar(args[0] if args[0] is not None else _stage_dir, *args[1:])
     elif kind == "update":
         update(*args)
     elif kind == "tokens":

@@ -6,25 +6,22 @@ a group computes never depends on where it ran."""
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from ..core import progress
 from ..core.files import atomic_save, atomic_write_bytes, atomic_write_json, sha256_file
 from ..measure import credit as kernel
 from ..measure.engine import EngineUnavailable, PassSettings
-from ..runtime import rundir
+from ..runtime import provenance
 from . import graders
 from .inputs import BadInput, read_rollouts
+from .kernel import KERNEL, code_digest, groups_of
 
 log = logging.getLogger("replaylib")
-TOP_K = 5  # top-k the forced decode records per step (margins and alternatives when none are recorded)
 WHERE = ("executor", "workers", "ray_address")  # where groups run: in no shard's key
 
 
@@ -113,7 +110,9 @@ def model_files(settings: Settings):
 
 class GivenEngine:
     """An executor over an engine the caller already loaded (the API's engine=): groups run in order."""
+    name = "given"
     reports_progress = True
+    lease_info = None
 
     def __init__(self, engine):
         self.engine = engine
@@ -165,95 +164,10 @@ def check_seeds(rollouts, settings: Settings, path: Path) -> None:
                            f"replay needs; use --seeds hash")
 
 
-def prompt_digest(prompt_ids: list[int]) -> str:
-    """A short name of a prompt: the clustering unit of the claims' statistics (a problem)."""
-    return hashlib.sha256(json.dumps([int(t) for t in prompt_ids]).encode()).hexdigest()[:12]
-
-
-def groups_of(rollouts: list) -> list[list]:
-    """Rollouts of one prompt together (in the file's order), as a sampler batches a prompt's n responses."""
-    found: dict = {}
-    for r in rollouts:
-        found.setdefault(tuple(r.prompt_ids), []).append(r)
-    return list(found.values())
-
-
-def group_rows(engine, group: list, settings: Settings, path: str) -> tuple[list[dict], dict]:
-    """One group's rows and timing: forced decoding, pivots, passes, certificates (runs where the engine is)."""
-    grade = graders.scorer(graders.load(settings.grader), settings.grader, settings.success_above)
-    # as wide a top-k as was recorded, so that every recorded entry has its counterpart
-    width = max([TOP_K, *(len(step) for r in group for step in r.top_logprobs or [])])
-    timing = {}
-    started = time.perf_counter()
-    trunks, state = engine.force_trunks(group[0].prompt_ids, [r.response_ids for r in group], width)
-    timing["forced decoding"] = {"seconds": time.perf_counter() - started,
-                                 "tokens": sum(len(r.response_ids) for r in group)}
-    pivots, seeds = [], []
-    for r, trunk in zip(group, trunks):
-        forced_topk = [[[t, lp] for t, lp in zip(ids, lps)] for ids, lps in zip(trunk.topk_ids, trunk.topk_logprobs)]
-        topk = r.top_logprobs if r.top_logprobs is not None else forced_topk
-        pivots.append(kernel.select_pivots(r.response_ids, topk, settings.margin, settings.max_pivots_per_rollout,
-                                           engine.special_ids, r.positions))
-        seeds.append([kernel.seeds_for(r.id, len(r.prompt_ids), p["position"], settings.k, settings.seed,
-                                       settings.seeds) for p in pivots[-1]])
-    if not any(pivots):
-        return [], timing
-
-    def grade_text(i: int, text: str) -> int:
-        try:
-            return grade(text, group[i])
-        except graders.GraderFailed as e:
-            raise BadInput(f"{path}:{group[i].line}: field 'ground_truth': {e}") from None
-
-    rows = kernel.credit_group(engine, group[0].prompt_ids, [r.response_ids for r in group], pivots, seeds,
-                               settings.passes, settings.pass_settings(), state, grade_text, timing)
-    out = []
-    for r, trunk, found, rollout_rows in zip(group, trunks, pivots, rows):
-        for p, row in zip(found, rollout_rows):
-            cert = kernel.certificate(r.top_logprobs, trunk.topk_ids, trunk.topk_logprobs, p["position"])
-            out.append({"id": str(r.id), "line": r.line, "prompt": prompt_digest(r.prompt_ids), **p,
-                        "margin_source": "recorded" if r.top_logprobs else "forced", "k": settings.k, **row,
-                        "certificate": cert})
-    return out, timing
-
-
-class Shards:
-    """One parquet shard per group of rollouts under DIR/shards/, reused only when the manifest holds its
-    sha256 under the same settings key and the same rollouts."""
-
-    def __init__(self, out: Path, key: str):
-        self.dir, self.key = out / "shards", key
-        self.manifest_path = self.dir / "manifest.json"
-        try:
-            manifest = json.loads(self.manifest_path.read_text())
-        except (OSError, ValueError):
-            manifest = {}
-        self.entries = manifest.get("shards", {}) if manifest.get("key") == key else {}
-
-    def name(self, group: list) -> str:
-        digests = "|".join(r.digest for r in group)
-        return hashlib.sha256(f"{self.key}|{digests}".encode()).hexdigest()[:24] + ".parquet"
-
-    def get(self, group: list) -> pd.DataFrame | None:
-        path = self.dir / self.name(group)
-        if self.entries.get(path.name) and path.is_file() and sha256_file(path) == self.entries[path.name]:
-            return pd.read_parquet(path)
-        return None
-
-    def put(self, group: list, frame: pd.DataFrame) -> pd.DataFrame:
-        path = self.dir / self.name(group)
-        buf = io.BytesIO()
-        frame.to_parquet(buf, index=False)
-        atomic_write_bytes(path, buf.getvalue())
-        self.entries[path.name] = hashlib.sha256(buf.getvalue()).hexdigest()
-        atomic_write_json(self.manifest_path, {"key": self.key, "shards": dict(sorted(self.entries.items()))})
-        return pd.read_parquet(path)
-
-
 def versions(grader: str) -> dict:
-    """The versions a manifest records (runtime.rundir.versions), with math-verify's where it grades."""
+    """The versions a manifest records (runtime.provenance.versions), with math-verify's where it grades."""
     from importlib.metadata import version
-    found = rundir.versions()
+    found = provenance.versions()
     if grader == "math":
         found["math-verify"] = version("math-verify")
     return found
@@ -293,9 +207,25 @@ def judged(frame: pd.DataFrame) -> dict:
                        "re-feed disagrees above the floor": fields(claims.excess_above_floor(kept))}}
 
 
+def grader_source(spec: str) -> str:
+    """sha256 of a user's grader module (MODULE:FUNCTION), so that editing it recomputes the grades; '' for
+    the built-in ones (their code is in the kernel's digest)."""
+    import importlib.util
+    module = spec.partition(":")[0]
+    if spec in graders.BUILT_IN or not module:
+        return ""
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return ""
+    return sha256_file(found.origin) if found is not None and found.origin and Path(found.origin).is_file() else ""
+
+
 def run(rollouts_path, out, settings: Settings, engine=None) -> dict:
     """The tool: check everything first (BadInput: nothing written), then compute and write. engine: one
     already loaded (its settings must be these); otherwise the executor of settings starts them."""
+    from ..runtime.shards import ShardStore
+    from ..runtime.units import Lent, compute
     from .report import report_html
     settings.check()
     grade = graders.scorer(graders.load(settings.grader), settings.grader, settings.success_above)
@@ -309,34 +239,26 @@ def run(rollouts_path, out, settings: Settings, engine=None) -> dict:
     except graders.GraderFailed as e:
         raise BadInput(f"{path}:{first.line}: field 'ground_truth': {e}") from None
     out = Path(out)
-    groups = groups_of(rollouts)
+    inputs = {"groups": groups_of(rollouts), "path": str(path)}
     executor = open_executor(settings, engine)
     try:
         described = executor.call(describe)
-        # the engine as it describes itself (model path, dtype, kernels) is part of what a shard was computed with
-        shards = Shards(out, hashlib.sha256(f"{settings.key()}|{json.dumps(described, sort_keys=True)}"
-                                            .encode()).hexdigest())
-        shards.dir.mkdir(parents=True, exist_ok=True)
-        frames = {i: shards.get(g) for i, g in enumerate(groups)}
-        todo = [(f"group {i}", (group, settings, str(path))) for i, group in enumerate(groups) if frames[i] is None]
-        bar = progress.bar(shards.dir, "credit", len(rollouts), "rollout")
-        bar.update(sum(len(groups[i]) for i, f in frames.items() if f is not None))
-        timing = []
+        # what a shard was computed with: the settings, the engine as it describes itself (model path, dtype,
+        # kernels), the code that computes a row and the user's grader
+        key = hashlib.sha256(json.dumps([settings.key(), described, code_digest(settings.engine),
+                                         grader_source(settings.grader)], sort_keys=True).encode()).hexdigest()
+        store = ShardStore(out / "shards", key)
+        if not store.fresh:
+            store.reset()
         try:
-            for label, (rows, spent) in executor.map(group_rows, todo, ordered=False):
-                i = int(label.split()[1])
-                frames[i] = shards.put(groups[i], pd.DataFrame(rows))
-                timing.append({"group": i, "rollouts": len(groups[i]), "passes": spent})
-                bar.update(len(groups[i]))
+            computed = compute(KERNEL, settings, inputs, lambda n: Lent(executor), store, out / "shards", "credit")
         except BadInput as e:  # from a Ray actor it carries the actor's traceback: the one line is its cause's
             raise BadInput(str(getattr(e, "cause", None) or e)) from None
-        finally:
-            bar.close()  # the bar's line ends before any message
     finally:
         executor.close()
-    parts = [frames[i] for i in range(len(groups)) if len(frames[i])]
-    frame = pd.concat(parts, ignore_index=True).sort_values(["line", "position"], kind="stable") \
-        .reset_index(drop=True) if parts else pd.DataFrame()
+    frame = KERNEL.assemble(settings, inputs, computed.done).result
+    timing = [{"group": i, "rollouts": u.size, "computed_this_run": u.name in computed.ran,
+               "passes": computed.done[u.name]["timing"]} for i, u in enumerate(KERNEL.plan(settings, inputs, {}))]
     summary = summarize(frame, settings, len(rollouts), described)
     atomic_save(out / "credit.parquet", lambda tmp: frame.to_parquet(tmp, index=False))
     atomic_write_json(out / "summary.json", summary)
@@ -346,8 +268,9 @@ def run(rollouts_path, out, settings: Settings, engine=None) -> dict:
 
 
 def throughput(timing: list[dict], settings: Settings) -> dict:
-    """The decode rate of what this run computed (groups reused from shards are not in it): per pass (and the
-    forced decoding), seconds, tokens decoded and tokens per second; and each group's."""
+    """The decode rate of every group, as it was timed when it was computed (by this run, or by the run whose
+    shard this one reused: ``computed_this_run``): per pass (and the forced decoding), seconds, tokens decoded
+    and tokens per second; and each group's."""
     total: dict = {}
     for group in timing:
         for name, spent in group["passes"].items():

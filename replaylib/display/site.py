@@ -39,7 +39,7 @@ from ..runtime import outputs
 from ..runtime.params import make
 from ..runtime.registry import RUN_ORDER
 from ..runtime.registry import stage as stage_entry
-from ..runtime.rundir import changed_outputs
+from ..runtime.provenance import changed_outputs
 from . import headline, worked_examples
 
 STYLE = """

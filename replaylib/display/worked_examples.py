@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..core.paths import stage_dir
 
 CONTINUATIONS = "continuations_{}"  # optional records column: JSON {arm: [[token ids] x K]} per pass
 
@@ -240,8 +239,8 @@ def identical_in_every_pass(record: pd.Series, passes: list[str]) -> bool:
 
 def gold_of(params, out_dir, problem_id: int) -> str:
     """A problem's gold answer as the sampling stage recorded it (problems.json)."""
-    path = stage_dir(params.config, "01_sampling", out_dir) / "problems.json"
-    scanned = json.loads(path.read_text())["scanned"]
+    from ..runtime.outputs import sampling_dir
+    scanned = json.loads((sampling_dir(params, out_dir) / "problems.json").read_text())["scanned"]
     return next(str(p["gold"]) for p in scanned if p["problem_id"] == problem_id)
 
 

@@ -1,4 +1,12 @@
-"""The batch-invariant unit."""
+"""Stage 5: batch-invariant confirmation (docs/protocol.md section 3.5).
+
+Sampling and the three passes rerun with the engine in an invariant mode, in which prefill and decode
+compute each token identically (transformers engine: every forward pass is one token of one sequence;
+vLLM: VLLM_BATCH_INVARIANT=1 with an invariant attention backend). Prediction, met exactly in the paper:
+all passes agree on every channel (estimates, probe tokens, probe logprobs). The stage writes its records
+and report, then fails if any pivot disagrees. One unit: the chosen problems are sampled as one batch and
+replayed on the engine that holds them.
+"""
 from __future__ import annotations
 
 import logging
@@ -7,11 +15,14 @@ import pandas as pd
 
 from ..core import progress
 from . import mining, sampling
+from .data import load_problems
 from .grading import grade
 from .replay import build_jobs, replay_problem, typed
 from .seeds import trunk_seed
+from .units import Kernel, Outputs, Unit
 
 log = logging.getLogger("replaylib")
+STAGE = "05_batch_invariant"
 
 
 def agreement(records: pd.DataFrame, passes: list[str]) -> dict:
@@ -27,16 +38,23 @@ def agreement(records: pd.DataFrame, passes: list[str]) -> dict:
             "all_identical": bool(n and same_a == same_probe == same_lp == same_cont == n)}
 
 
-def invariant_unit(engine, params, chosen: list[tuple], stage_dir=None) -> tuple[dict, list[dict]]:
-    """Stage 05's one unit: sample the chosen problems (pid, question, gold) in invariant mode,
-    mine their pivots and run every pass; returns (engine description, records). Progress goes
-    to stage_dir's progress file (the runner's terminal line)."""
+def plan(params, inputs, done: dict) -> list[Unit]:
+    """One unit: the first ``invariant_problems`` problems the sampling stage kept."""
+    problems = load_problems(params.task)
+    chosen = inputs["problems"]["kept"][:params.invariant_problems]
+    return [Unit("invariant", f"batch-invariant problems {', '.join(map(str, chosen))}",
+                 ([(pid, problems[pid].question, problems[pid].gold) for pid in chosen],),
+                 size=len(chosen) * params.invariant_rollouts)]
+
+
+def invariant_unit(engine, params, chosen: list[tuple]) -> dict:
+    """The one unit: sample the chosen problems (pid, question, gold) in invariant mode, mine their
+    pivots and run every pass; its records and the engine's description."""
     log.info("config %s, batch-invariant unit, engine %s", params.config, engine.describe())
     gold = {pid: g for pid, _, g in chosen}
     prompts = {pid: engine.prompt_ids(question, params.instruction) for pid, question, _ in chosen}
     seeds = {(pid, r): trunk_seed(pid, r) for pid in prompts for r in range(params.invariant_rollouts)}
-    if stage_dir is not None:
-        progress.bar(stage_dir, "trunks (invariant)", len(seeds), "trunk", count_rows=True)
+    progress.phase("trunks (invariant)", len(seeds), "trunk", count_rows=True)
     trunks, state = engine.sample_trunks(prompts, params.invariant_rollouts, seeds, params.temperature,
                                          params.top_p, params.invariant_max_trunk_tokens or params.max_trunk_tokens,
                                          params.top_logprobs)
@@ -48,8 +66,7 @@ def invariant_unit(engine, params, chosen: list[tuple], stage_dir=None) -> tuple
         raise mining.NoPivots(mining.no_pivot_message(params, "05_batch_invariant") + " (or raise invariant_problems, "
                                    "invariant_rollouts, invariant_max_trunk_tokens)")
     records = []
-    bar = progress.bar(stage_dir, "replay (invariant)", len(pivots) * len(params.passes), "pivot-pass") \
-        if stage_dir is not None else None
+    progress.phase("replay (invariant)", len(pivots) * len(params.passes), "pivot-pass")
     for pid in prompts:
         group = pivots[pivots.problem_id == pid]
         if group.empty:
@@ -58,15 +75,21 @@ def invariant_unit(engine, params, chosen: list[tuple], stage_dir=None) -> tuple
         resident, verified = engine.resident_state(pid, trunks_df, state)
         records += replay_problem(engine, jobs, group, resident, verified, gold[pid], params,
                                   max_tokens=params.invariant_max_cont_tokens)
-    if bar is not None:
-        bar.close()
-    return engine.describe(), records
+    return {"records": pd.DataFrame(records), "engine": engine.describe()}
 
 
-def stage_outputs(described: dict, records: list[dict], params) -> tuple[pd.DataFrame, dict]:
-    """The batch-invariant stage's records (typed, naming the configuration in invariant mode) and its
-    report (invariant.json: the engine and the passes' agreement)."""
-    frame = pd.DataFrame(records)
+def assemble(params, inputs, done: dict) -> Outputs:
+    """records.parquet (typed, naming the configuration in invariant mode) and invariant.json (the engine
+    and the passes' agreement); the stage fails, its evidence written, if any pivot disagrees."""
+    frame = done["invariant"]["records"].copy()
     frame["config"] = f"{params.config} (invariant)"
     frame = typed(frame)
-    return frame, {"engine": described, **agreement(frame, params.passes)}
+    report = {"engine": done["invariant"]["engine"], **agreement(frame, params.passes)}
+    failure = None if report["all_identical"] else AssertionError(
+        f"{STAGE}: passes disagree in invariant mode ({report}); see its records.parquet")
+    return Outputs({"records.parquet": frame, "invariant.json": report}, {"report": report}, failure=failure,
+                   result=report)
+
+
+KERNEL = Kernel(plan=plan, unit=invariant_unit, assemble=assemble, invariant=True,
+                preview=lambda parts: parts["records"], progress=("invariant", "trunk"))

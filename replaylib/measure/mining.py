@@ -1,7 +1,20 @@
-"""Mining pivots."""
+"""Stage 2: pivot mining (docs/protocol.md section 3.2).
+
+A generated token is a pivot when its raw top-1 minus top-2 logprob is below the margin
+threshold. The paper's paged-cache engine also needs the pivot's absolute position within
+`boundary_slack` tokens past a multiple of the block size (16); block_size 1 lifts that
+filter, since this package's engine resumes at any token. The alternative is the most
+likely top-k token other than the sampled one; pivots whose alternative (or sampled
+token) is EOS or special are skipped; at most P per rollout, earliest first.
+`pivot_window` (not in the paper) keeps only pivots among a trunk's last N generated tokens, so that
+short continuations of a scaled-down run can still reach the answer.
+"""
 from __future__ import annotations
 
 import pandas as pd
+
+from .sampling import kept_trunks
+from .units import Kernel, Outputs, Unit
 
 
 class NoPivots(RuntimeError):
@@ -54,3 +67,26 @@ def mine(trunks: pd.DataFrame, params, special_ids: set[int]) -> pd.DataFrame:
                 break
     return pd.DataFrame(rows, columns=["pivot_id", "problem_id", "rollout", "gen_index", "abs_pos", "margin",
                                        "actual", "alt", "rollout_correct"])
+
+
+def plan(params, inputs, done: dict) -> list[Unit]:
+    """One unit: every kept trunk (pivot ids count across the whole table)."""
+    trunks = kept_trunks(inputs["trunks"])
+    return [Unit("pivots", "pivot mining", (trunks, sorted(inputs["engine"]["special_ids"])), size=len(trunks))]
+
+
+def mine_unit(engine, params, trunks: pd.DataFrame, special_ids: list) -> dict:
+    """The pivots of the kept trunks, and the margin of every generated token (margins.parquet)."""
+    margins = pd.DataFrame([{"problem_id": t.problem_id, "rollout": t.rollout, "margin": m}
+                            for t in trunks.itertuples(index=False) for m in token_margins(t._asdict())])
+    return {"pivots": mine(trunks, params, set(special_ids)), "margins": margins}
+
+
+def assemble(params, inputs, done: dict) -> Outputs:
+    pivots, margins = done["pivots"]["pivots"], done["pivots"]["margins"]
+    if pivots.empty:  # a confident model: nothing to replay, and the later stages would measure nothing
+        raise NoPivots(no_pivot_message(params, "02_pivot_mining"))
+    return Outputs({"pivots.parquet": pivots, "margins.parquet": margins}, {"n_pivots": len(pivots)}, result=pivots)
+
+
+KERNEL = Kernel(plan=plan, unit=mine_unit, assemble=assemble, progress=("pivots", "trunk"))

@@ -1,17 +1,38 @@
-"""Replaying pivots."""
+"""Stage 3: three-pass replay (docs/protocol.md section 3.3).
+
+For every pivot and both arms (actual, alt) the prompt is the token ids
+`prompt + generated[:i] + [forced]`; K seeded continuations (seed = hash(problem, rollout,
+abs_pos, arm, k)) and one greedy probe per arm, in each pass:
+  exact1  resume the trunk's decode-time state
+  exact2  the identical work again (replica: the noise floor)
+  refeed  a fresh prefill of the same ids, as published credit pipelines do
+and optionally [ours] refeed2 (refeed's own replica), serial (refeed one request at a
+time), block16 (the paper's block-granular resume) and the cache transplants, in a fixed or
+shuffled order. A = mean(R | actual) - mean(R | alt) per pass. Records follow the published
+schema (docs/protocol.md section 6) plus exactness columns. A unit is one problem: its shard
+is written as it finishes, so a rerun after a crash redoes only unfinished problems.
+"""
 from __future__ import annotations
 
 import json
+import logging
 import random
 import time
 
 import pandas as pd
 
 from ..core import progress
+from .data import load_problems
 from .engine import ARMS, PassSettings, PivotJob
 from .grading import grade
+from .mining import NoPivots, no_pivot_message
 from .passes import is_exact
+from .sampling import kept_trunks
 from .seeds import continuation_seed, stable_seed
+from .units import Kernel, Outputs, Unit
+
+log = logging.getLogger("replaylib")
+STAGE = "03_three_pass_replay"
 
 
 def settings(params, max_tokens: int | None = None) -> PassSettings:
@@ -168,18 +189,56 @@ def typed(records: pd.DataFrame) -> pd.DataFrame:
     return records
 
 
+def plan(params, inputs, done: dict) -> list[Unit]:
+    """One unit per problem with pivots, in the pivot table's order."""
+    trunks, pivots = kept_trunks(inputs["trunks"]), inputs["pivots"]
+    if pivots.empty:
+        raise NoPivots(no_pivot_message(params, STAGE))
+    gold = {p.problem_id: p.gold for p in load_problems(params.task)}
+    digests = inputs["digests"]
+    return [Unit(f"problem_{pid:05d}", f"problem {pid}",
+                 (int(pid), pivots[pivots.problem_id == pid], trunks[trunks.problem_id == pid], inputs["sampling_dir"],
+                  digests.get(int(pid)), gold[pid]), size=int((pivots.problem_id == pid).sum()) * len(params.passes))
+            for pid in pivots.problem_id.unique()]
+
+
 def replay_unit(engine, params, pid: int, group: pd.DataFrame, trunks: pd.DataFrame, sampling_dir,
-                digests: dict | None, gold: str) -> tuple[pd.DataFrame, pd.DataFrame | None, dict]:
-    """One unit of stage 03: every pass over one problem's pivots, on the engine that loads its trunks;
-    returns its records, with layer_profile its per-layer K/V differences, and the seconds spent
-    establishing the decode-time state and in each pass."""
+                digests: dict | None, gold: str) -> dict:
+    """One unit: every pass over one problem's pivots, on the engine that loads its trunks; its records,
+    with layer_profile its per-layer K/V differences, and the seconds spent establishing the decode-time
+    state and in each pass."""
     jobs = build_jobs(group, trunks, params.k)
     started = time.perf_counter()
     state, verified = engine.problem_state(sampling_dir, pid, trunks, digests)
     seconds = {"establish state": time.perf_counter() - started}
-    frame = typed(pd.DataFrame(replay_problem(engine, jobs, group, state, verified, gold, params, seconds=seconds)))
-    profile = pd.DataFrame(engine.layer_profile(jobs, state)) if params.layer_profile else None
-    return frame, profile, seconds
+    parts = {"records": typed(pd.DataFrame(replay_problem(engine, jobs, group, state, verified, gold, params,
+                                                          seconds=seconds)))}
+    if params.layer_profile:  # [ours] where decode-time and re-fed K, V differ, per layer
+        parts["layer_profile"] = pd.DataFrame(engine.layer_profile(jobs, state))
+    return {**parts, "seconds": seconds}
+
+
+def shard_path(unit: Unit, part: str, value) -> str:
+    """shards/problem_<id>.parquet, and shards/layer_profile_<id>.parquet."""
+    return f"shards/{unit.name}.parquet" if part == "records" else f"shards/{unit.name.replace('problem', part)}.parquet"
+
+
+def assemble(params, inputs, done: dict) -> Outputs:
+    """records.parquet (the problems' records in pivot order, each naming the configuration) and, with
+    layer_profile, layer_profile.parquet."""
+    pivots = inputs["pivots"]
+    parts = {int(u.args[0]): done[u.name] for u in plan(params, inputs, done)}
+    records = stage_records(pivots, lambda pid: parts[int(pid)]["records"], params.config)
+    files = {"records.parquet": records}
+    if params.layer_profile:
+        files["layer_profile.parquet"] = by_problem(pivots, lambda pid: parts[int(pid)]["layer_profile"])
+    flagged = int((~records["exact_ok"]).sum())
+    if flagged:
+        log.warning("%d of %d pivots did not resume the saved state exactly; they are flagged (exact_ok False) "
+                    "and excluded from the statistics by default", flagged, len(records))
+    return Outputs(files, {"n_records": len(records), "flagged_not_exact": flagged,
+                           "state_established": records["state_established"].value_counts().to_dict()
+                           if "state_established" in records else {}}, result=records)
 
 
 def by_problem(pivots: pd.DataFrame, read) -> pd.DataFrame:
@@ -194,3 +253,7 @@ def stage_records(pivots: pd.DataFrame, read, config: str) -> pd.DataFrame:
     records = by_problem(pivots, read)
     records["config"] = config
     return records
+
+
+KERNEL = Kernel(plan=plan, unit=replay_unit, assemble=assemble, shard=shard_path,
+                preview=lambda parts: parts["records"], progress=("replay", "pivot-pass"))

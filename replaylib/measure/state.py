@@ -40,18 +40,21 @@ class ResidentState(dict):
         return rollout in self and rollout in self.expected and state_digest(*self[rollout]) == self.expected[rollout]
 
 
-def save_state(problem_state: dict, path: Path) -> dict:
-    """Write one problem's decode-time KV (rollout -> (keys, values)) to safetensors, with digests; the same
-    state gives the same bytes."""
+def state_bytes(problem_state: dict) -> bytes:
+    """One problem's decode-time KV (rollout -> (keys, values)) as safetensors, with the digests of its
+    tensors; the same state gives the same bytes."""
     from safetensors.torch import save
-
-    from ..core.files import atomic_write_bytes
     tensors, digests = {}, {}
     for r, (k, v) in sorted(problem_state.items()):
         tensors[f"r{r}.keys"], tensors[f"r{r}.values"] = k.contiguous().cpu(), v.contiguous().cpu()
         digests[f"digest.r{r}"] = state_digest(k.cpu(), v.cpu())
-    atomic_write_bytes(Path(path), sorted_header(save(tensors, metadata=digests)))
-    return digests
+    return sorted_header(save(tensors, metadata=digests))
+
+
+def save_state(problem_state: dict, path: Path) -> None:
+    """Write one problem's decode-time KV to safetensors (state_bytes), atomically."""
+    from ..core.files import atomic_write_bytes
+    atomic_write_bytes(Path(path), state_bytes(problem_state))
 
 
 def sorted_header(data: bytes) -> bytes:

@@ -10,9 +10,10 @@ from ..analysis import records as rec
 from ..core.files import sha256_file
 from ..core.paths import REPO
 from . import params as params_mod
+from .fingerprint import code_fingerprint
 from .params import EXECUTOR_KEYS, read_mapping
 from .registry import CAMPAIGN, RUN_ORDER
-from .rundir import StageDir
+from .stagedir import StageDir
 
 TOP_KEYS = {"name", "note", "rows", "invariant", "figure1", "figure3", "bootstrap_draws", "concurrent_configs",
             *EXECUTOR_KEYS}
@@ -87,21 +88,28 @@ class Campaign:
         return self.invariant.configs[0]
 
 
-class CampaignDir(StageDir):
-    """The campaign statistics' stage directory: its key is the campaign file's content, its upstream
-    stages are the replay stages of the rows and Figure 3 and the batch-invariant stage of the
-    batch-invariant row, each in its own configuration's run directory."""
+class CampaignStage:
+    """The definition of a campaign's statistics' stage directory (runtime.stagedir.StageDir): its key is
+    the campaign file's content, its upstream stages are the replay stages of the rows and Figure 3 and the
+    batch-invariant stage of the batch-invariant row, each in its own configuration's run directory. The
+    campaign copies its configurations' shared stages itself (replaylib.campaign), and a changed campaign
+    file replaces its statistics."""
+    copies_upstream = False
+    refuses_replacing = False
 
     def __init__(self, campaign: Campaign, out_dir=None):
-        self.campaign = campaign
-        self._open(campaign.label, CAMPAIGN.name, out_dir)
-
-    def stage_key(self) -> str:
-        return hashlib.sha256(json.dumps(self.recorded_campaign(), sort_keys=True).encode()).hexdigest()[:16]
+        self.campaign, self.out_dir = campaign, out_dir
+        self.config, self.stage = campaign.label, CAMPAIGN.name
 
     def recorded_campaign(self) -> dict:
         return {"stage": self.stage, "campaign_file": self.campaign.path.name,
                 "campaign_sha256": sha256_file(self.campaign.path)}
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(self.recorded_campaign(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def code(self) -> str:
+        return code_fingerprint(self.stage)
 
     def upstreams(self) -> dict[str, StageDir]:
         c = self.campaign
@@ -109,23 +117,20 @@ class CampaignDir(StageDir):
         ups.add((c.invariant_config(), "05_batch_invariant"))
         return {f"{n}/{s}": StageDir(c.configs[n], s, self.out_dir) for n, s in sorted(ups)}
 
-    def recorded_params(self) -> dict:
-        return {**self.recorded_campaign(), "key": self.key, "config": self.config}
+    def recorded(self) -> dict:
+        return {**self.recorded_campaign(), "key": self.key(), "config": self.config}
 
     def why_key_differs(self, recorded: dict) -> str:
         return "campaign file changed"
+
+    def differences(self, recorded: dict) -> str:
+        return "the campaign file changed"
 
     def rerun_command(self) -> str:
         return f"python -m replaylib.campaign {self.campaign.path} --force"
 
     def uses_vllm(self) -> bool:
         return False
-
-    def _copy_missing_upstream(self) -> None:
-        """The campaign copies its configurations' shared stages itself (replaylib.campaign)."""
-
-    def _refuse_replacing(self) -> None:
-        """A campaign's statistics follow its file: a changed file replaces them."""
 
 
 def _resolve(path, where: str, key: str) -> Path:

@@ -48,12 +48,17 @@ class UnitFailed(RuntimeError):
 
 
 class LocalExecutor:
+    """One engine in this process, units in order. keep: a notebook's engine, kept for its next call (a
+    preview, then the stage, then a rerun with another k) while the model and settings it was built with
+    stay the same (``kept_engine``)."""
     name = "local"
     reports_progress = True  # the engine updates the stage's progress as it decodes
     lease_info = None
 
-    def __init__(self, params: Params, invariant: bool = False, forcing: bool = False):
-        self.engine = make_engine(params, invariant=invariant, lifecycle=EngineProcesses(), forcing=forcing)
+    def __init__(self, params: Params, invariant: bool = False, forcing: bool = False, keep: bool = False):
+        self.keep = keep
+        self.engine = kept_engine(params, invariant, forcing) if keep else \
+            make_engine(params, invariant=invariant, lifecycle=EngineProcesses(), forcing=forcing)
 
     def call(self, fn, *args):
         return fn(self.engine, *args)
@@ -65,8 +70,40 @@ class LocalExecutor:
 
     def close(self):
         engine, self.engine = self.engine, None
-        if engine is not None:
+        if engine is not None and not self.keep:
             engine.close()  # a multi-process vLLM engine's core process exits before the stage goes on
+
+
+_kept: dict = {}  # the notebook's engine: {"key": what it was built from, "engine": it}
+
+
+def kept_engine(params: Params, invariant: bool, forcing: bool):
+    """The engine this process keeps for a notebook, built anew (the old one closed) when the settings it is
+    built from differ: the sampling stage's parameters (model, engine, device, dtype, trunk settings, vLLM's
+    settings), the re-fed prefix precision, the mode, and the test hook that replaces engines."""
+    import atexit
+    import json
+
+    from ..measure.engines import FACTORY_ENV
+    key = json.dumps({"built": params.stage_params("01_sampling"), "prefix": params.prefix_precision,
+                      "invariant": invariant, "forcing": forcing, "factory": os.environ.get(FACTORY_ENV)},
+                     sort_keys=True, default=str)
+    if _kept.get("key") != key:
+        close_kept_engine()
+        _kept["engine"] = make_engine(params, invariant=invariant, lifecycle=EngineProcesses(), forcing=forcing)
+        _kept["key"] = key
+        atexit.register(close_kept_engine)
+    engine = _kept["engine"]
+    if hasattr(engine, "configure"):  # a vLLM engine names the configuration in its messages
+        engine.configure(params)
+    return engine
+
+
+def close_kept_engine() -> None:
+    engine = _kept.pop("engine", None)
+    _kept.pop("key", None)
+    if engine is not None:
+        engine.close()
 
 
 def _crash_for(label: str, attempt: int) -> bool:
@@ -322,10 +359,11 @@ class RayExecutor:
 
 
 def make_executor(params: Params, invariant: bool = False, workers: int | None = None, stage: str = "",
-                  forcing: bool = False):
+                  forcing: bool = False, keep: bool = False):
     """The executor a configuration asks for (``executor: local | ray``); stage: who asks, for the
     records of a shared engine; forcing: engines that can force given responses through their decode
-    (the credit tool's; always engines of its own, never the run's shared one)."""
+    (the credit tool's; always engines of its own, never the run's shared one); keep: a local engine is
+    kept for the process's next call (a notebook's)."""
     if params.executor == "ray":
         import importlib.util
         if importlib.util.find_spec("ray") is None:
@@ -338,7 +376,7 @@ def make_executor(params: Params, invariant: bool = False, workers: int | None =
     from .engine_service import ServedExecutor, served
     if served(params) and not forcing:
         return ServedExecutor(params, invariant, stage)
-    return LocalExecutor(params, invariant, forcing)
+    return LocalExecutor(params, invariant, forcing, keep)
 
 
 def lease_record(ex) -> dict:

@@ -498,8 +498,6 @@ def upstream_values(config: str, stage: str, out_dir=None, reads_data: bool = Tr
 
 
 def from_notebook(namespace: dict, stage: str) -> Params:
-    """Params from a notebook's parameters cell (the stage's own and the declared names) and the upstream
-    stages' values (``upstream`` when the runner passed them, else their params.json)."""
     keys = notebook_keys(stage)
     own = {k: namespace[k] for k in keys if k in namespace}
     upstream = dict(namespace.get("upstream") or {})

@@ -1,0 +1,105 @@
+"""The credit tool's computation, as a stage's is (replaylib.measure.units): its plan (one unit per group of
+rollouts of one prompt, named by their contents), the unit that computes a group (forced decoding, pivots,
+passes, certificates: ``group_rows``) and the assembly of every group's rows. The runner
+(replaylib.runtime.units) runs it with the tool's shards, keyed by its settings, the engine and this code
+(``code_digest``), so an edit of what computes a row recomputes the shards."""
+from __future__ import annotations
+
+import hashlib
+import time
+
+import pandas as pd
+
+from ..measure import credit as kernel
+from ..measure.units import Kernel, Outputs, Unit
+from . import graders
+from .inputs import BadInput
+
+TOP_K = 5  # top-k the forced decode records per step (margins and alternatives when none are recorded)
+COMPUTING = ("replaylib.measure.", "replaylib.analysis.", "replaylib.credit.")
+
+
+def prompt_digest(prompt_ids: list[int]) -> str:
+    """A short name of a prompt: the clustering unit of the claims' statistics (a problem)."""
+    import json
+    return hashlib.sha256(json.dumps([int(t) for t in prompt_ids]).encode()).hexdigest()[:12]
+
+
+def groups_of(rollouts: list) -> list[list]:
+    """Rollouts of one prompt together (in the file's order), as a sampler batches a prompt's n responses."""
+    found: dict = {}
+    for r in rollouts:
+        found.setdefault(tuple(r.prompt_ids), []).append(r)
+    return list(found.values())
+
+
+def plan(settings, inputs, done: dict) -> list[Unit]:
+    """One unit per group, named by its rollouts' contents (a shard is reused only for the same rollouts)."""
+    units = []
+    for i, group in enumerate(inputs["groups"]):
+        name = hashlib.sha256("|".join(r.digest for r in group).encode()).hexdigest()[:24]
+        units.append(Unit(f"group_{name}", f"group {i}", (group, inputs["path"]), size=len(group)))
+    return units
+
+
+def group_rows(engine, settings, group: list, path: str) -> dict:
+    """One group's rows: forced decoding, pivots, passes, certificates (runs where the engine is); the
+    seconds and tokens of the forced decoding and of each pass."""
+    grade = graders.scorer(graders.load(settings.grader), settings.grader, settings.success_above)
+    # as wide a top-k as was recorded, so that every recorded entry has its counterpart
+    width = max([TOP_K, *(len(step) for r in group for step in r.top_logprobs or [])])
+    timing = {}
+    started = time.perf_counter()
+    trunks, state = engine.force_trunks(group[0].prompt_ids, [r.response_ids for r in group], width)
+    timing["forced decoding"] = {"seconds": time.perf_counter() - started,
+                                 "tokens": sum(len(r.response_ids) for r in group)}
+    pivots, seeds = [], []
+    for r, trunk in zip(group, trunks):
+        forced_topk = [[[t, lp] for t, lp in zip(ids, lps)] for ids, lps in zip(trunk.topk_ids, trunk.topk_logprobs)]
+        topk = r.top_logprobs if r.top_logprobs is not None else forced_topk
+        pivots.append(kernel.select_pivots(r.response_ids, topk, settings.margin, settings.max_pivots_per_rollout,
+                                           engine.special_ids, r.positions))
+        seeds.append([kernel.seeds_for(r.id, len(r.prompt_ids), p["position"], settings.k, settings.seed,
+                                       settings.seeds) for p in pivots[-1]])
+    if not any(pivots):
+        return {"rows": pd.DataFrame(), "timing": timing}
+
+    def grade_text(i: int, text: str) -> int:
+        try:
+            return grade(text, group[i])
+        except graders.GraderFailed as e:
+            raise BadInput(f"{path}:{group[i].line}: field 'ground_truth': {e}") from None
+
+    rows = kernel.credit_group(engine, group[0].prompt_ids, [r.response_ids for r in group], pivots, seeds,
+                               settings.passes, settings.pass_settings(), state, grade_text, timing)
+    out = []
+    for r, trunk, found, rollout_rows in zip(group, trunks, pivots, rows):
+        for p, row in zip(found, rollout_rows):
+            cert = kernel.certificate(r.top_logprobs, trunk.topk_ids, trunk.topk_logprobs, p["position"])
+            out.append({"id": str(r.id), "line": r.line, "prompt": prompt_digest(r.prompt_ids), **p,
+                        "margin_source": "recorded" if r.top_logprobs else "forced", "k": settings.k, **row,
+                        "certificate": cert})
+    return {"rows": pd.DataFrame(out), "timing": timing}
+
+
+def shard_path(unit: Unit, part: str, value) -> str:
+    return f"{unit.name}.{part}" + (".parquet" if part == "rows" else ".json")
+
+
+def assemble(settings, inputs, done: dict) -> Outputs:
+    """Every group's rows, in the file's order (line, then position)."""
+    parts = [done[u.name]["rows"] for u in plan(settings, inputs, done) if len(done[u.name]["rows"])]
+    frame = pd.concat(parts, ignore_index=True).sort_values(["line", "position"], kind="stable") \
+        .reset_index(drop=True) if parts else pd.DataFrame()
+    return Outputs({"credit.parquet": frame}, result=frame)
+
+
+KERNEL = Kernel(plan=plan, unit=group_rows, assemble=assemble, shard=shard_path, progress=("credit", "rollout"))
+
+
+def code_digest(engine: str) -> str:
+    """The code that computes the tool's rows: this kernel, what it reaches (the graders, the pass kernels,
+    the engine the settings name), and how a shard is written."""
+    from ..runtime import fingerprint
+    roots = [("replaylib.credit.kernel", "KERNEL"), fingerprint.WRITERS, *fingerprint.engine_roots(engine)]
+    return fingerprint.digest(roots, within=COMPUTING)
