@@ -97,7 +97,3 @@ def read_part(path: Path):
     if path.suffix == ".json":
         return json.loads(path.read_text())
     return path
-
-
-def part_suffix(value) -> str:
-    return ".parquet" if isinstance(value, pd.DataFrame) else ".json" if isinstance(value, (dict, list)) else ".bin"

@@ -54,6 +54,7 @@ class LocalExecutor:
     name = "local"
     reports_progress = True  # the engine updates the stage's progress as it decodes
     lease_info = None
+    keep = False
 
     def __init__(self, params: Params, invariant: bool = False, forcing: bool = False, keep: bool = False):
         self.keep = keep
