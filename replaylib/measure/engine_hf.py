@@ -32,6 +32,7 @@ from .engine import (
     chat_prompt_ids,
 )
 from .grading import answer_complete
+from .hf_linear import cpu_has_native_bf16, swap_linears
 from .hf_prefix_states import PrefixStates, row_state, stacked_cache
 from .hf_sampling import choose_tokens, position_uniform, raw_topk
 from .state import ResidentState, load_state
@@ -41,32 +42,6 @@ from .state import ResidentState, load_state
 # padded) goes through grouped-query attention, which that kernel does not take: the math kernel then,
 # which reproduces itself too (docs/gpu-h200.md, leases 9 and 10). The choice depends on the shapes only.
 CUDA_ATTENTION_KERNELS = ("EFFICIENT_ATTENTION", "MATH")
-
-
-class _Fp32AccumulateLinear(torch.nn.Module):
-    """A bf16 linear computed as fp32 GEMM, output rounded to bf16.
-
-    Native bf16 GEMM on CPUs without bf16 instructions (AVX2) runs at a fifth of fp32
-    speed. Weights and activations stay bf16 values and accumulation is fp32, as in a
-    GPU's bf16 GEMM; only the summation order of the kernel differs.
-    """
-
-    def __init__(self, linear: torch.nn.Linear):
-        super().__init__()
-        self.weight32 = linear.weight.detach().float()
-        self.bias32 = None if linear.bias is None else linear.bias.detach().float()
-        self.out_dtype = linear.weight.dtype
-
-    def forward(self, x):
-        return F.linear(x.float(), self.weight32, self.bias32).to(self.out_dtype)
-
-
-def _cpu_has_native_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 @dataclass
@@ -100,14 +75,10 @@ class HFEngine(PrefixStates):
                                                           attn_implementation="sdpa").to(self.device).eval()
         self.linear_kernel = "native"
         # invariant mode multiplies one row at a time, where native bf16 is the faster kernel
-        if self.device.type == "cpu" and dtype == "bfloat16" and not invariant and not _cpu_has_native_bf16():
-            self._swap_linears()
+        if self.device.type == "cpu" and dtype == "bfloat16" and not invariant and not cpu_has_native_bf16():
+            swap_linears(self.model)
             self.linear_kernel = "fp32-accumulate"
-        eos = self.model.generation_config.eos_token_id
-        eos = eos if isinstance(eos, list) else [eos]
-        self.stop_ids = {i for i in [*eos, self.tok.eos_token_id] if i is not None}
-        self.special_ids = set(self.tok.all_special_ids) | self.stop_ids
-        self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else min(self.stop_ids)
+        self._token_ids()
         self.model_path = str(model_path)
         # [ours] re-fed prefix states computed by a float32 copy of the model, rounded to the run's
         # dtype (invariant mode keeps one computation for everything: always native)
@@ -120,6 +91,28 @@ class HFEngine(PrefixStates):
         if trunk_prefill not in ("batched", "alone"):
             raise ValueError(f"trunk_prefill must be batched or alone, not {trunk_prefill!r}")
         self.trunk_prefill = trunk_prefill
+
+    def _token_ids(self) -> None:
+        eos = self.model.generation_config.eos_token_id
+        eos = eos if isinstance(eos, list) else [eos]
+        self.stop_ids = {i for i in [*eos, self.tok.eos_token_id] if i is not None}
+        self.special_ids = set(self.tok.all_special_ids) | self.stop_ids
+        self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else min(self.stop_ids)
+
+    @classmethod
+    def around(cls, model, tokenizer, invariant: bool = False, max_batch_rows: int = 128) -> "HFEngine":
+        """An engine over a model already in memory (a trainer's policy, as it is now): its device, dtype and
+        attention as they are, nothing in it swapped or copied. The caller keeps it in eval mode while the
+        engine runs (replaylib.credit.Estimator does)."""
+        engine = cls.__new__(cls)
+        first = next(model.parameters())
+        engine.device, engine.dtype_name = first.device, str(first.dtype).removeprefix("torch.")
+        engine.invariant, engine.max_batch_rows = invariant, max_batch_rows
+        engine.tok, engine.model, engine.linear_kernel = tokenizer, model, "native"
+        engine._token_ids()
+        engine.model_path = f"{getattr(model, 'name_or_path', '') or type(model).__name__} (in memory)"
+        engine.prefix_precision, engine._model32, engine.trunk_prefill = "native", None, "batched"
+        return engine
 
     @classmethod
     def from_params(cls, params, invariant: bool = False, lifecycle=None, forcing: bool = False) -> "HFEngine":
@@ -147,12 +140,6 @@ class HFEngine(PrefixStates):
             return contextlib.nullcontext()
         from torch.nn.attention import SDPBackend, sdpa_kernel
         return sdpa_kernel([getattr(SDPBackend, name) for name in CUDA_ATTENTION_KERNELS])
-
-    def _swap_linears(self):
-        for name, module in list(self.model.named_modules()):
-            for child_name, child in list(module.named_children()):
-                if isinstance(child, torch.nn.Linear):
-                    setattr(module, child_name, _Fp32AccumulateLinear(child))
 
     # ---------------------------------------------------------------- text
     def prompt_ids(self, question: str, instruction: str) -> list[int]:

@@ -94,6 +94,7 @@ from .engine import (
 from .seeds import trunk_seed
 from .vllm_forcing import FORCE_KEY, FORCING_PROCESSOR
 from .vllm_setup import (
+    NoLifecycle,
     engine_identity,
     prepare_environment,
     trunk_settings,
@@ -111,21 +112,6 @@ from .vllm_trunks import (
 log = logging.getLogger("replaylib")
 
 LOGPROBS_MODE = "raw_logprobs"
-
-
-class NoLifecycle:
-    """An engine's start and stop with nothing around them: no process is looked for, registered or
-    waited for. The run layer passes one that is (replaylib.runtime.vllm_processes.EngineProcesses)."""
-
-    def start(self, build, config: str, exclusive: bool) -> tuple:
-        """build() starts the LLM; returns (LLM, its engine-core processes, their registry files).
-        exclusive: the start measures the free GPU memory (no other start or stop may run meanwhile)."""
-        return build(), [], []
-
-    def stop(self, shutdown, config: str, processes: list, registered: list, timeout_s: float) -> list:
-        """shutdown() stops the LLM; returns the engine-core processes that exited with it."""
-        shutdown()
-        return []
 
 
 class VLLMEngine:
@@ -162,6 +148,7 @@ class VLLMEngine:
         self.processes, self.registered = [], []  # the engine core's processes and their registry files
         self.lifecycle = lifecycle or NoLifecycle()
         self.identity: dict | None = None  # engine_identity of the parameters it was built from
+        self.owned = True  # it stops the LLM when it closes (not one its caller built: vllm_given)
 
     def configure(self, params) -> None:
         """Serve the stage of these parameters (another stage or configuration on a shared engine): its
@@ -232,8 +219,10 @@ class VLLMEngine:
 
     def close(self, timeout_s: float = 60.0) -> list[int]:
         """Shut the engine down; returns the pids of the engine-core processes that exited with it (the
-        lifecycle waits for them, and kills and names one that outlives the shutdown)."""
-        if self.llm is None:
+        lifecycle waits for them, and kills and names one that outlives the shutdown). An LLM the caller built
+        (replaylib.measure.vllm_given) is left running."""
+        if self.llm is None or not self.owned:
+            self.llm = None
             return []
         procs = self.lifecycle.stop(self._shutdown, self.config, self.processes, self.registered, timeout_s)
         if procs:

@@ -94,3 +94,18 @@ def compile_cache_dir():
     that later stages and reruns start warm (docs/gpu-h200.md)."""
     from ..core.paths import out_root
     return out_root() / "runs" / ".vllm-cache"
+
+
+class NoLifecycle:
+    """An engine's start and stop with nothing around them: no process is looked for, registered or
+    waited for. The run layer passes one that is (replaylib.runtime.vllm_processes.EngineProcesses)."""
+
+    def start(self, build, config: str, exclusive: bool) -> tuple:
+        """build() starts the LLM; returns (LLM, its engine-core processes, their registry files).
+        exclusive: the start measures the free GPU memory (no other start or stop may run meanwhile)."""
+        return build(), [], []
+
+    def stop(self, shutdown, config: str, processes: list, registered: list, timeout_s: float) -> list:
+        """shutdown() stops the LLM; returns the engine-core processes that exited with it."""
+        shutdown()
+        return []
