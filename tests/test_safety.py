@@ -306,6 +306,61 @@ def test_the_report_site_runs_no_script_from_a_received_run(run):
         server.shutdown()
 
 
+@pytest.mark.parametrize("rel", ["tables/tiny/tab10_passes.csv", "tables/tiny/tab1_main.csv",
+                                 "figures/tiny/fig1_quadrants.png", "runs/tiny/01_sampling/01_sampling.ipynb",
+                                 "runs/tiny/03_three_pass_replay/manifest.json", "tables/tiny"])
+def test_the_report_site_never_follows_a_link_out_of_the_run(run, tmp_path, capsys, rel):
+    """A received run's table, figure, notebook, manifest or directory that is a link to a file outside the
+    run: the site is refused in one line naming the link, and the file's content is neither shown nor quoted."""
+    secret = tmp_path / "elsewhere"
+    secret.mkdir()
+    for name in ("secret.txt", "tab1_main.csv", "tab10_passes.csv"):
+        (secret / name).write_text("configuration\nSECRET-CONTENT-7f3a\n")
+    target = run / rel
+    shutil.rmtree(target) if target.is_dir() else target.unlink()
+    target.symlink_to(secret if rel == "tables/tiny" else secret / "secret.txt")
+    assert report.main(["--html", str(run / "runs" / "tiny")]) == 2
+    err = one_line(capsys, f"{target}: a symbolic link; the report site reads only the run's own plain files")
+    assert "SECRET" not in err
+    assert not any("SECRET" in page.read_text() for page in (run / "site").rglob("*.html"))
+
+
+def test_a_malformed_table_is_one_line_naming_it(run, capsys):
+    table = run / "tables/tiny/tab10_passes.csv"
+    table.write_text('a,b\n1,2,3,4\n"unterminated\n')
+    assert report.main(["--html", str(run / "runs" / "tiny")]) == 2
+    one_line(capsys, f"{table}: not a table as the statistics stage writes it")
+
+
+def test_the_report_site_bounds_what_it_reads_and_copies(run, capsys):
+    """An 80 MB table and a 1 GB figure (sparse) in a received run: left out with a note each, the page stays
+    small and the figure is not copied; an executed notebook above its limit is not rendered, and an
+    oversized JSON file is refused in one line."""
+    from replaylib.display import site
+    table, figure = run / "tables/tiny/tab10_passes.csv", run / "figures/tiny/fig1_quadrants.png"
+    table.write_text("configuration\n" + ("x" * 999 + "\n") * 80_000)
+    with open(figure, "r+b") as f:
+        f.truncate(1 << 30)
+    index = site.build("tiny", run)
+    assert index.stat().st_size < 1 << 20 and not (index.parent / "figures" / figure.name).exists()
+    text = index.read_text()
+    assert f"{table}: 76.3 MiB, above the report site&#x27;s limit of 2 MiB for a table: not shown" in text
+    assert f"{figure}: 1024.0 MiB, above the report site&#x27;s limit of 16 MiB for a figure: not copied" in text
+    assert (index.parent / "figures" / "fig2_configs.png").exists() and "<h3>tab2_jaccard</h3>" in text
+    notebook = run / REPLAY / "03_three_pass_replay.ipynb"
+    with open(notebook, "ab") as f:
+        f.truncate(site.MAX_NOTEBOOK_BYTES + 1)
+    shutil.rmtree(run / "site")
+    assert f"{notebook}: 64.0 MiB, above the report site&#x27;s limit of 64 MiB for a notebook: not rendered" \
+        in site.build("tiny", run).read_text()
+    assert not (index.parent / "notebooks" / "03_three_pass_replay.html").exists()
+    runner = run / REPLAY / "runner.json"
+    with open(runner, "ab") as f:
+        f.truncate(site.MAX_JSON_BYTES + 1)
+    assert report.main(["--html", str(run / "runs" / "tiny")]) == 2
+    one_line(capsys, f"{runner}: 16.0 MiB, above the report site's limit of 16 MiB for a JSON file")
+
+
 def test_names_that_are_paths_are_refused(tmp_path, capsys):
     for name in ("/tmp/x", "../../..", "a/b", ".hidden", ""):
         with pytest.raises(ValueError, match="a name is letters, digits"):
