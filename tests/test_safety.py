@@ -127,6 +127,46 @@ def test_a_second_runner_on_the_same_stage_stops_at_once(run, capsys):
     assert files.sha256_file(records_file) == before and (run / REPLAY / "DONE").exists()
 
 
+def test_a_rerun_takes_over_from_a_runner_whose_campaign_ended(tmp_path, monkeypatch):
+    """A campaign killed outright leaves its runner stopping its stage for a moment: a rerun says so and waits
+    for it (at most STOPPING_WAIT_S), then takes the stage; a runner still there after that is named with
+    the command that stops it."""
+    import logging
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()  # the campaign, gone
+    release = tmp_path / "release"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; from replaylib.runtime "
+                               f"import locks; locks.StageLock(Path({str(tmp_path)!r}), 'tiny', '01_sampling')"
+                               ".acquire('theirs'); print('held', flush=True)\n"
+                               f"while not Path({str(release)!r}).exists(): time.sleep(0.05)"],
+                              cwd=REPO, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, locks.STOPS_WITH_ENV: str(ended.pid)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setattr(locks, "STOPPING_WAIT_S", 0.0)
+        with pytest.raises(locks.StageBusy) as busy:
+            locks.StageLock(tmp_path, "tiny", "01_sampling").acquire()
+        assert f"runner pid {holder.pid} still holds 01_sampling of tiny" in str(busy.value)
+        assert f"after its campaign (pid {ended.pid}) ended; stop it (kill {holder.pid})" in str(busy.value)
+        monkeypatch.setattr(locks, "STOPPING_WAIT_S", 600.0)
+
+        class ReleaseWhenWaited(logging.Handler):  # the holder ends only once the rerun has begun to wait
+            def emit(self, record):
+                if "waiting for runner" in record.getMessage():
+                    release.write_text("stop")
+        handler = ReleaseWhenWaited()
+        logging.getLogger("replaylib").addHandler(handler)
+        try:
+            lock = locks.StageLock(tmp_path, "tiny", "01_sampling").acquire()
+        finally:
+            logging.getLogger("replaylib").removeHandler(handler)
+        assert release.exists() and lock.holder()["pid"] == os.getpid()
+        lock.release()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_relative_out_is_resolved_before_anything_starts(tmp_path, monkeypatch):
     """From another directory, --out . is that directory for the runner, for the stage's kernel (which runs
     in the repository) and for a campaign's runners and statistics notebook."""
