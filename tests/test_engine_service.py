@@ -56,7 +56,8 @@ def _engines_json(root: Path) -> dict:
     return json.loads(found[0].read_text())
 
 
-def _gone(pid: int, within_s: float = 20.0) -> bool:
+def _gone(pid: int, within_s: float = 300.0) -> bool:
+    """Whether the process has ended; the wait is a guard against a hang, not a speed target."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         try:
@@ -151,18 +152,17 @@ def _client_script(tmp_path: Path, body: str) -> Path:
 
 
 def test_a_stage_killed_mid_unit_leaves_its_engine_to_the_next_stage(standin):
-    ready = standin / "ready"
+    ready, release = standin / "ready", standin / "release"
     with EngineBroker(standin / "out") as broker, mock.patch.dict(os.environ, broker.env()):
         script = _client_script(standin, f"ex = ServedExecutor(p, stage='03')\nprint(ex.lease_info['server_pid'], "
-                                         f"flush=True)\nex.call(vllm_standin.slow_unit, 3.0, {str(ready)!r})\n")
+                                         f"flush=True)\nex.call(vllm_standin.held_unit, {str(ready)!r}, "
+                                         f"{str(release)!r})\n")
         stage = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
         server = int(stage.stdout.readline())
-        deadline = time.monotonic() + 30
-        while not ready.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert ready.exists()
-        stage.kill()  # as the OOM killer would, in the middle of the unit
+        _wait_for(ready.exists, "the unit has begun")
+        stage.kill()  # as the OOM killer would, in the middle of the unit (it runs until released)
         stage.wait()
+        release.write_text("go")  # the server's unit ends; its result has no one to go to
         nxt = ServedExecutor(fake_params(), stage="03")  # waits for the unit to end, then gets the same engine
         assert nxt.lease_info["server_pid"] == server and nxt.lease_info["started_for_this_stage"] is False
         assert nxt.call(__import__("vllm_standin").echo_unit, 1)["x"] == 1
@@ -179,7 +179,7 @@ def test_an_engine_server_stops_itself_when_its_run_is_killed(standin):
     assert psutil.pid_exists(server)
     run.send_signal(signal.SIGKILL)  # the runner or campaign killed outright: nothing stops its engines...
     run.wait()
-    assert _gone(server, within_s=15)  # ...but the server watches the process that started it
+    assert _gone(server)  # ...but the server watches the process that started it
 
 
 # --------------------------------------------------------------------------- through the runner and campaigns

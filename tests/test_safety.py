@@ -114,11 +114,9 @@ def test_a_second_runner_on_the_same_stage_stops_at_once(run, capsys):
                               cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        started = time.monotonic()
-        assert main([str(TINY), "03", "--out", str(run)]) == 1
+        assert main([str(TINY), "03", "--out", str(run)]) == 1  # a runner that waited would have run it
         err = capsys.readouterr().err
         assert f"another runner (pid {holder.pid}) is running 03_three_pass_replay of tiny" in err
-        assert time.monotonic() - started < 60
         with pytest.raises(locks.StageBusy, match=f"pid {holder.pid}"):
             rundir.StageDir(params.load(TINY), "03_three_pass_replay", run).begin()
     finally:
@@ -625,10 +623,10 @@ def test_a_yaml_alias_bomb_is_refused_at_once_without_printing_it(tmp_path, caps
     levels += [f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 6)]
     f = tmp_path / "bomb.yaml"
     f.write_text(f"config: bomb\npasses: [{', '.join(levels)}]\n")
-    started = time.monotonic()
     assert main([str(f), "--dry-run", "--out", str(tmp_path)]) == 2
-    err = one_line(capsys, str(f), "alias")
-    assert len(err) < 400 and time.monotonic() - started < 10, err[:400]
+    # refused at the first alias the parser meets, before any value is built
+    err = one_line(capsys, str(f), "an alias (*a0) at line 2: params files do not take aliases")
+    assert len(err) < 400, err[:400]
 
 
 @pytest.mark.parametrize("text", ["? [1, 2]\n: 3\n", "1: 3\n", "config: x\ntemperature: 1.0e-300\n",
@@ -694,7 +692,7 @@ def test_a_ray_address_where_nothing_listens_is_one_line_at_once():
         port = s.getsockname()[1]  # free once closed: nothing listens there
     proc = subprocess.run([sys.executable, "-c", "from replaylib.runtime.executor import join_ray; "
                            f"join_ray('127.0.0.1:{port}', 'tiny')"], cwd=REPO, capture_output=True, text=True,
-                          timeout=90, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+                          timeout=600, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})  # a guard
     assert proc.returncode == 1
     assert f"cannot join the Ray cluster at 127.0.0.1:{port}: nothing answers there" in proc.stderr.splitlines()[-1]
 
@@ -768,11 +766,11 @@ def test_a_stopped_run_says_what_finished_and_how_to_resume(tmp_path, sig, code,
     # the runner must take Ctrl-C even where this test runs as a background job, which ignores SIGINT
     proc = subprocess.Popen([sys.executable, "-m", "replaylib.run", str(TINY), "--out", str(tmp_path)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_take_sigint)
-    log = tmp_path / "runs/tiny/01_sampling/run.log"
-    deadline = time.monotonic() + 120
-    while not log.exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(2)
+    running = tmp_path / "runs/tiny/01_sampling/progress.json"  # the stage's kernel is sampling
+    deadline = time.monotonic() + 600  # a guard against a hang, not a speed target
+    while not running.exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == code, err[-2000:]
