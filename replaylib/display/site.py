@@ -137,7 +137,10 @@ def check_run_files(base: Path) -> None:
     entries = [base] if base.is_symlink() else \
         [Path(top, name) for top, dirs, files in os.walk(base) for name in sorted(dirs + files)]
     for path in entries:
-        mode = path.lstat().st_mode
+        try:
+            mode = path.lstat().st_mode
+        except FileNotFoundError:
+            continue  # a running stage's temporary file, renamed since it was listed
         if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
             what = "a symbolic link" if stat.S_ISLNK(mode) else "not a plain file"
             raise ValueError(f"{path}: {what}; the report site reads only the run's own plain files (stages write "
