@@ -51,6 +51,7 @@ from .core.files import atomic_write_bytes, open_new
 from .core.paths import REPO, config_dir, out_root, stage_dir, tables_dir
 from .runtime import params as params_mod
 from .runtime.campaigns import Campaign, CampaignStage, load
+from .runtime.locks import STOPS_WITH_ENV
 from .runtime.provenance import changed_outputs
 from .runtime.stage_copy import copy_stage
 from .runtime.stagedir import StageDir
@@ -156,7 +157,8 @@ def _run_job(c: Campaign, job: Job, out_dir, force: bool, log_to_file: bool) -> 
     cmd = [sys.executable, "-m", "replaylib.run", str(_params_file(c, job.config, out_dir)),
            "--out", str(out_root(out_dir))] + (["--force"] if force else [])
     cmd += [arg for stage in job.upto for arg in ("--upto", stage)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+           STOPS_WITH_ENV: str(os.getpid())}  # the runner stops with the campaign (replaylib.run)
     if not log_to_file:
         return job.config, subprocess.run(cmd, cwd=REPO, env=env).returncode, ""
     log = config_dir(c.label, out_dir) / "logs" / f"{job.log_name}.log"

@@ -39,7 +39,8 @@ from tqdm import tqdm
 from .core import progress
 from .core.files import atomic_write_json, open_new
 from .core.paths import config_dir, figures_dir, notebook_path, out_root, tables_dir
-from .runtime.locks import LOCK_TOKEN_ENV, StageLock
+from .core.processes import stop_with_parent
+from .runtime.locks import LOCK_TOKEN_ENV, STOPS_WITH_ENV, StageLock
 from .runtime.params import Params, load
 from .runtime.registry import ALIASES, STAGES
 from .runtime.notebook import execute_notebook
@@ -436,6 +437,9 @@ def main(argv=None) -> int:
               f"; each stage's log: {shown(runs)}/<stage>/run.log", flush=True)
     ran = []
     previous = signal.signal(signal.SIGTERM, _terminated)
+    campaign = os.environ.get(STOPS_WITH_ENV, "")
+    if campaign.isdigit():  # a campaign's runner: it stops its stage when the campaign ends, killed outright too
+        stop_with_parent(int(campaign))
     try:
         from .runtime.engine_service import run_broker, wants_broker
         with run_broker(wants_broker(params, [s for s, _ in todo]), out):  # the run's stages share its vLLM engines

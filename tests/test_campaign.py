@@ -4,6 +4,7 @@ The tiny campaign runs twice, with executor local and with executor ray (two eng
 a local Ray instance): the records must be identical bit for bit, and so must they be when a
 worker dies mid-stage."""
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -180,6 +181,12 @@ def test_command_line_overrides_and_paths_from_the_repository(tmp_path):
      "'invariant' names params/missing.yaml, which does not exist"),
     ({"invariant": {"label": "inv", "params": "params/tiny-primary.yaml", "published": "K=9"}},
      "published 'K=9'; choose one of"),
+    ({"rows": [{"label": "main pooled", "params": ["params/tiny-primary.yaml", "params/tiny-screened.yaml",
+                                                   "params/tiny-primary.yaml"], "published": "main pooled"}]},
+     re.escape("'rows[0]' lists params/tiny-primary.yaml (config 'tiny-primary') more than once; list each params "
+               "file once")),
+    ({"figure3": ["params/tiny-k4.yaml", "params/tiny-k4.yaml"]},
+     re.escape("'figure3' lists params/tiny-k4.yaml (config 'tiny-k4') more than once")),
 ])
 def test_campaign_file_errors_are_one_line(tmp_path, change, message):
     data = {**yaml.safe_load(TINY.read_text()), **change}
@@ -468,3 +475,78 @@ def test_a_campaign_cut_off_by_the_end_of_a_lease_resumes_from_what_came_back(ru
     for name in ("tab1_main.csv", "live_vs_published.csv"):
         assert (back / "tables" / "campaign-tiny" / name).read_bytes() == \
             (done / "tables" / "campaign-tiny" / name).read_bytes(), name
+
+
+def test_a_row_label_is_text_in_every_file_the_campaign_writes(runs, tmp_path):
+    """A label holding HTML (a campaign file from someone else) is escaped in every Markdown and LaTeX file
+    the campaign statistics write, and kept as it is in the CSV data."""
+    out = tmp_path / "out"
+    shutil.copytree(runs["local"], out)
+    label = "<script>alert(1)</script> pooled"
+    edited = tmp_path / "campaign-tiny.yaml"
+    edited.write_text(TINY.read_text().replace("label: main pooled\n", f"label: '{label}'\n")
+                      .replace("figure1: main pooled\n", f"figure1: '{label}'\n"))
+    assert [r.label for r in campaigns.load(edited).rows][0] == label
+    assert campaign.main([str(edited), "--out", str(out)]) == 0
+    tdir = out / "tables" / "campaign-tiny"
+    for name in ("live_vs_published.md", "tab1_main.md", "tab1_main.tex"):
+        text = (tdir / name).read_text()
+        assert "<script>" not in text and ("&lt;script>" in text or r"\textless{}script\textgreater{}" in text), name
+    assert label in (tdir / "tab1_main.csv").read_text() and label in (tdir / "live_vs_published.csv").read_text()
+
+
+def test_report_html_on_a_campaign_s_statistics_says_where_they_are(runs, capsys):
+    """runs/campaign-<name> holds a campaign's statistics, not a configuration's run: the report names its
+    tables and what to report instead, and suggests no params file."""
+    from replaylib import report
+    out = runs["local"]
+    assert report.main(["--html", str(out / "runs" / "campaign-tiny")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "a campaign's statistics, not a configuration's run" in err
+    assert f"{out / 'tables' / 'campaign-tiny'}/ (live_vs_published.md" in err
+    assert "replaylib.run" not in err and "params/" not in err
+
+
+def test_a_campaign_killed_outright_stops_its_runners_and_their_kernels(tmp_path):
+    """SIGKILL reaches the campaign alone; its runner sees its campaign gone, stops its stage's kernel and
+    itself, and says so in its log (a rerun then finds the stage free: test_safety checks the lock)."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    spec = {"name": "killed", "rows": [{"label": "main pooled", "params": "params/tiny-primary.yaml",
+                                        "published": "main pooled"}],
+            "invariant": {"label": "batch-invariant", "params": "params/tiny-primary.yaml",
+                          "published": "batch-invariant"},
+            "figure1": "main pooled", "figure3": ["params/tiny-primary.yaml"], "concurrent_configs": 2}
+    path = tmp_path / "campaign-killed.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "replaylib.campaign", str(path), "--out", str(out)], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600  # a guard against a hang, not a speed target
+    try:
+        while True:  # the runner has started its stage's kernel
+            children = psutil.Process(proc.pid).children(recursive=True)
+            kernels = [c for c in children if "ipykernel" in " ".join(c.cmdline())]
+            if kernels:
+                break
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        runners = [c for c in children if "replaylib.run" in c.cmdline()]
+        assert len(runners) == 1
+    finally:
+        proc.kill()
+        proc.wait()
+
+    def ended(p) -> bool:  # exited (a zombie has, whether or not anything reaps it)
+        try:
+            return p.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+    while not all(ended(p) for p in runners + kernels):
+        assert time.monotonic() < deadline, [p.pid for p in runners + kernels if not ended(p)]
+        time.sleep(0.1)
+    log = (out / "runs" / "campaign-killed" / "logs" / "tiny-primary.log").read_text()
+    assert "STOPPED" in log and "terminated (SIGTERM)" in log

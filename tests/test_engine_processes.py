@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from types import SimpleNamespace
 
 import psutil
@@ -33,8 +32,13 @@ def registry(tmp_path, monkeypatch):
     return tmp_path / "engines"
 
 
+SLEEP = "import time; print('up', flush=True); time.sleep(120)"  # says when it runs: its command line is its own
+
+
 def _sleeper(*extra) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", *extra])
+    proc = subprocess.Popen([sys.executable, "-c", SLEEP, *extra], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "up\n"
+    return proc
 
 
 def _orphan_maker(tmp_path):
@@ -44,8 +48,8 @@ def _orphan_maker(tmp_path):
     script.write_text(
         "import subprocess, sys, time\n"
         "from replaylib.runtime import vllm_processes\n"
-        f"core = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', {TITLE!r}])\n"
-        "time.sleep(0.3)\n"
+        f"core = subprocess.Popen([sys.executable, '-c', {SLEEP!r}, {TITLE!r}], stdout=subprocess.PIPE, text=True)\n"
+        "core.stdout.readline()\n"
         "procs = vllm_processes.engine_processes()\n"
         "vllm_processes.register_engine_processes(procs, 'killed-config')\n"
         "print(core.pid, flush=True)\n"
@@ -58,7 +62,6 @@ def _orphan_maker(tmp_path):
 def test_engine_processes_are_the_descendants_vllm_named():
     named, plain = _sleeper(TITLE), _sleeper()
     try:
-        time.sleep(0.3)
         assert {p.pid for p in engine_processes()} == {named.pid}
         assert engine_processes(exclude={named.pid}) == []
     finally:
@@ -118,7 +121,6 @@ class _Core:
 def _engine_with_core(stuck=False):
     from test_engine_vllm import FakeLLM, FakeSP
     proc = _sleeper(TITLE)
-    time.sleep(0.3)
     fake = FakeLLM()
     fake.llm_engine.engine_core = _Core(proc, stuck)
     engine = engine_vllm.VLLMEngine(fake, FakeSP, config="closing", serving="multiprocess",
@@ -158,29 +160,37 @@ def test_the_local_executor_closes_its_engine():
 def test_engine_starts_and_shutdowns_on_one_gpu_take_turns(caplog, monkeypatch):
     caplog.set_level(logging.INFO, logger="replaylib")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    held, order = threading.Event(), []
+    held, second_waits, order = threading.Event(), threading.Event(), []
+
+    class Waiting(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("config second: waiting"):
+                second_waits.set()
 
     def first():
         with gpu_lifecycle_lock("first"):
             held.set()
-            time.sleep(0.6)
-            order.append("first done")
+            # holds the GPU until the second start is seen waiting for it (the guard only ends a hang)
+            order.append("first done" if second_waits.wait(300) else "the second never waited")
 
-    t = threading.Thread(target=first)
-    t.start()
-    held.wait()
-    t0 = time.monotonic()
-    with gpu_lifecycle_lock("second"):
-        order.append("second in")
-    t.join()
-    assert order == ["first done", "second in"] and time.monotonic() - t0 > 0.3
-    assert "config second: waiting for another vLLM engine on this GPU" in caplog.text
+    handler = Waiting()
+    logging.getLogger("replaylib").addHandler(handler)
+    try:
+        t = threading.Thread(target=first)
+        t.start()
+        held.wait()
+        with gpu_lifecycle_lock("second"):
+            order.append("second in")
+        t.join()
+    finally:
+        logging.getLogger("replaylib").removeHandler(handler)
+    assert order == ["first done", "second in"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # another GPU: no waiting on the first one's lock
     with gpu_lifecycle_lock("first"):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-        t0 = time.monotonic()
         with gpu_lifecycle_lock("other"):
-            assert time.monotonic() - t0 < 0.3
+            pass
+    assert "config other: waiting" not in caplog.text
 
 
 def test_a_registry_directory_that_is_a_link_or_open_to_others_is_refused(tmp_path, monkeypatch):
@@ -210,7 +220,6 @@ def test_a_registered_process_that_is_no_engine_core_is_never_signalled():
     gone.kill(), gone.wait()
     victim = _sleeper()
     try:
-        time.sleep(0.3)
         proc = psutil.Process(victim.pid)
         (registry_dir() / "engine-9.json").write_text(json.dumps(
             {"pid": victim.pid, "create_time": proc.create_time(), "parent_pid": gone.pid,

@@ -56,7 +56,8 @@ def _engines_json(root: Path) -> dict:
     return json.loads(found[0].read_text())
 
 
-def _gone(pid: int, within_s: float = 20.0) -> bool:
+def _gone(pid: int, within_s: float = 300.0) -> bool:
+    """Whether the process has ended; the wait is a guard against a hang, not a speed target."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         try:
@@ -66,6 +67,14 @@ def _gone(pid: int, within_s: float = 20.0) -> bool:
             return True
         time.sleep(0.2)
     return False
+
+
+def _wait_for(predicate, what: str, guard_s: float = 300.0):
+    """Wait for an event; the guard only stops a test that would otherwise hang (it is no speed target)."""
+    deadline = time.monotonic() + guard_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.05)
 
 
 def test_a_leased_engine_runs_units_with_their_progress_logs_and_errors(standin, caplog):
@@ -143,18 +152,17 @@ def _client_script(tmp_path: Path, body: str) -> Path:
 
 
 def test_a_stage_killed_mid_unit_leaves_its_engine_to_the_next_stage(standin):
-    ready = standin / "ready"
+    ready, release = standin / "ready", standin / "release"
     with EngineBroker(standin / "out") as broker, mock.patch.dict(os.environ, broker.env()):
         script = _client_script(standin, f"ex = ServedExecutor(p, stage='03')\nprint(ex.lease_info['server_pid'], "
-                                         f"flush=True)\nex.call(vllm_standin.slow_unit, 3.0, {str(ready)!r})\n")
+                                         f"flush=True)\nex.call(vllm_standin.held_unit, {str(ready)!r}, "
+                                         f"{str(release)!r})\n")
         stage = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
         server = int(stage.stdout.readline())
-        deadline = time.monotonic() + 30
-        while not ready.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert ready.exists()
-        stage.kill()  # as the OOM killer would, in the middle of the unit
+        _wait_for(ready.exists, "the unit has begun")
+        stage.kill()  # as the OOM killer would, in the middle of the unit (it runs until released)
         stage.wait()
+        release.write_text("go")  # the server's unit ends; its result has no one to go to
         nxt = ServedExecutor(fake_params(), stage="03")  # waits for the unit to end, then gets the same engine
         assert nxt.lease_info["server_pid"] == server and nxt.lease_info["started_for_this_stage"] is False
         assert nxt.call(__import__("vllm_standin").echo_unit, 1)["x"] == 1
@@ -171,7 +179,7 @@ def test_an_engine_server_stops_itself_when_its_run_is_killed(standin):
     assert psutil.pid_exists(server)
     run.send_signal(signal.SIGKILL)  # the runner or campaign killed outright: nothing stops its engines...
     run.wait()
-    assert _gone(server, within_s=15)  # ...but the server watches the process that started it
+    assert _gone(server)  # ...but the server watches the process that started it
 
 
 # --------------------------------------------------------------------------- through the runner and campaigns
@@ -241,3 +249,74 @@ def test_a_campaign_shares_engines_across_configurations_each_with_its_own_trunk
                       "fake-b 03_three_pass_replay"]
     assert len(stock) <= 2 < len(leases)  # shared across stages and configurations
     assert [lease["stage"] for s in invariant for lease in s["leases"]] == ["fake-a 05_batch_invariant"]
+
+
+# --------------------------------------------------------------------------- the broker's socket
+
+def test_a_connection_that_never_sends_its_key_delays_no_lease(standin, monkeypatch):
+    """One connection holds the broker's attention without ever answering its challenge; a stage connecting
+    after it still gets its engine, while the silent one is still open (and unanswered)."""
+    import socket
+    import threading
+
+    import vllm_standin
+
+    from replaylib.runtime import engine_service
+    monkeypatch.setattr(engine_service, "AUTH_TIMEOUT_S", 3600.0)  # the silent one outlives this test
+    with EngineBroker(standin / "out") as broker, mock.patch.dict(os.environ, broker.env()):
+        silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        silent.connect(broker.address)
+        silent.settimeout(300)  # a guard against a hang, not a speed target
+        assert silent.recv(1)  # the broker took it up: it sent its challenge, which goes unanswered
+        leased = {}
+
+        def lease():
+            ex = ServedExecutor(fake_params(), stage="01_sampling")
+            leased["x"] = ex.call(vllm_standin.echo_unit, 5)["x"]
+            ex.close()
+        stage = threading.Thread(target=lease, daemon=True)
+        stage.start()
+        _wait_for(lambda: not stage.is_alive(), "the second client's lease")
+        assert leased == {"x": 5}
+        silent.setblocking(False)
+        with pytest.raises(BlockingIOError):  # still open and waiting: the lease did not wait for it to close
+            while silent.recv(4096):
+                pass
+        silent.close()
+
+
+def test_a_connection_that_never_sends_its_key_is_hung_up(standin, monkeypatch):
+    import socket
+
+    from replaylib.runtime import engine_service
+    monkeypatch.setattr(engine_service, "AUTH_TIMEOUT_S", 0.5)
+    with EngineBroker(standin / "out") as broker:
+        silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        silent.connect(broker.address)
+        silent.settimeout(300)  # a guard against a hang, not a speed target
+        while silent.recv(4096):  # the challenge, then the end of the connection
+            pass
+        silent.close()
+
+
+def test_a_broker_killed_outright_leaves_nothing_a_later_one_keeps(standin, monkeypatch):
+    """SIGKILL leaves the broker's private directory and its socket behind; the next broker removes it."""
+    import shutil
+    import tempfile
+    temp = Path(tempfile.mkdtemp(prefix="rl-", dir="/tmp"))  # short: a Unix socket's path has at most 107 bytes
+    try:
+        code = ("import sys, time; from replaylib.runtime.engine_service import EngineBroker; "
+                "b = EngineBroker(sys.argv[1]); print(b.private, flush=True); time.sleep(600)")
+        killed = subprocess.Popen([sys.executable, "-c", code, str(standin / "out")], cwd=REPO, text=True,
+                                  stdout=subprocess.PIPE, env={**os.environ, "TMPDIR": str(temp)})
+        private = Path(killed.stdout.readline().strip())
+        assert private.parent == temp and (private / "broker.sock").exists()
+        killed.kill()
+        killed.wait()
+        assert (private / "broker.sock").exists()  # what a runner killed outright leaves
+        monkeypatch.setattr(tempfile, "tempdir", str(temp))
+        with EngineBroker(standin / "out") as later:
+            assert later.private.parent == temp and not private.exists()
+        assert list(temp.iterdir()) == []
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)

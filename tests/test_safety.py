@@ -114,17 +114,55 @@ def test_a_second_runner_on_the_same_stage_stops_at_once(run, capsys):
                               cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        started = time.monotonic()
-        assert main([str(TINY), "03", "--out", str(run)]) == 1
+        assert main([str(TINY), "03", "--out", str(run)]) == 1  # a runner that waited would have run it
         err = capsys.readouterr().err
         assert f"another runner (pid {holder.pid}) is running 03_three_pass_replay of tiny" in err
-        assert time.monotonic() - started < 60
         with pytest.raises(locks.StageBusy, match=f"pid {holder.pid}"):
             stagedir.StageDir(params.load(TINY), "03_three_pass_replay", run).begin()
     finally:
         holder.kill()
         holder.wait()
     assert files.sha256_file(records_file) == before and (run / REPLAY / "DONE").exists()
+
+
+def test_a_rerun_takes_over_from_a_runner_whose_campaign_ended(tmp_path, monkeypatch):
+    """A campaign killed outright leaves its runner stopping its stage for a moment: a rerun says so and waits
+    for it (at most STOPPING_WAIT_S), then takes the stage; a runner still there after that is named with
+    the command that stops it."""
+    import logging
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()  # the campaign, gone
+    release = tmp_path / "release"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; from replaylib.runtime "
+                               f"import locks; locks.StageLock(Path({str(tmp_path)!r}), 'tiny', '01_sampling')"
+                               ".acquire('theirs'); print('held', flush=True)\n"
+                               f"while not Path({str(release)!r}).exists(): time.sleep(0.05)"],
+                              cwd=REPO, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, locks.STOPS_WITH_ENV: str(ended.pid)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setattr(locks, "STOPPING_WAIT_S", 0.0)
+        with pytest.raises(locks.StageBusy) as busy:
+            locks.StageLock(tmp_path, "tiny", "01_sampling").acquire()
+        assert f"runner pid {holder.pid} still holds 01_sampling of tiny" in str(busy.value)
+        assert f"after its campaign (pid {ended.pid}) ended; stop it (kill {holder.pid})" in str(busy.value)
+        monkeypatch.setattr(locks, "STOPPING_WAIT_S", 600.0)
+
+        class ReleaseWhenWaited(logging.Handler):  # the holder ends only once the rerun has begun to wait
+            def emit(self, record):
+                if "waiting for runner" in record.getMessage():
+                    release.write_text("stop")
+        handler = ReleaseWhenWaited()
+        logging.getLogger("replaylib").addHandler(handler)
+        try:
+            lock = locks.StageLock(tmp_path, "tiny", "01_sampling").acquire()
+        finally:
+            logging.getLogger("replaylib").removeHandler(handler)
+        assert release.exists() and lock.holder()["pid"] == os.getpid()
+        lock.release()
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_a_relative_out_is_resolved_before_anything_starts(tmp_path, monkeypatch):
@@ -304,6 +342,61 @@ def test_the_report_site_runs_no_script_from_a_received_run(run):
             pytest.skip("no chromium on this machine: the pages were checked as text only")
     finally:
         server.shutdown()
+
+
+@pytest.mark.parametrize("rel", ["tables/tiny/tab10_passes.csv", "tables/tiny/tab1_main.csv",
+                                 "figures/tiny/fig1_quadrants.png", "runs/tiny/01_sampling/01_sampling.ipynb",
+                                 "runs/tiny/03_three_pass_replay/manifest.json", "tables/tiny"])
+def test_the_report_site_never_follows_a_link_out_of_the_run(run, tmp_path, capsys, rel):
+    """A received run's table, figure, notebook, manifest or directory that is a link to a file outside the
+    run: the site is refused in one line naming the link, and the file's content is neither shown nor quoted."""
+    secret = tmp_path / "elsewhere"
+    secret.mkdir()
+    for name in ("secret.txt", "tab1_main.csv", "tab10_passes.csv"):
+        (secret / name).write_text("configuration\nSECRET-CONTENT-7f3a\n")
+    target = run / rel
+    shutil.rmtree(target) if target.is_dir() else target.unlink()
+    target.symlink_to(secret if rel == "tables/tiny" else secret / "secret.txt")
+    assert report.main(["--html", str(run / "runs" / "tiny")]) == 2
+    err = one_line(capsys, f"{target}: a symbolic link; the report site reads only the run's own plain files")
+    assert "SECRET" not in err
+    assert not any("SECRET" in page.read_text() for page in (run / "site").rglob("*.html"))
+
+
+def test_a_malformed_table_is_one_line_naming_it(run, capsys):
+    table = run / "tables/tiny/tab10_passes.csv"
+    table.write_text('a,b\n1,2,3,4\n"unterminated\n')
+    assert report.main(["--html", str(run / "runs" / "tiny")]) == 2
+    one_line(capsys, f"{table}: not a table as the statistics stage writes it")
+
+
+def test_the_report_site_bounds_what_it_reads_and_copies(run, capsys):
+    """An 80 MB table and a 1 GB figure (sparse) in a received run: left out with a note each, the page stays
+    small and the figure is not copied; an executed notebook above its limit is not rendered, and an
+    oversized JSON file is refused in one line."""
+    from replaylib.display import site
+    table, figure = run / "tables/tiny/tab10_passes.csv", run / "figures/tiny/fig1_quadrants.png"
+    table.write_text("configuration\n" + ("x" * 999 + "\n") * 80_000)
+    with open(figure, "r+b") as f:
+        f.truncate(1 << 30)
+    index = site.build("tiny", run)
+    assert index.stat().st_size < 1 << 20 and not (index.parent / "figures" / figure.name).exists()
+    text = index.read_text()
+    assert f"{table}: 76.3 MiB, above the report site&#x27;s limit of 2 MiB for a table: not shown" in text
+    assert f"{figure}: 1024.0 MiB, above the report site&#x27;s limit of 16 MiB for a figure: not copied" in text
+    assert (index.parent / "figures" / "fig2_configs.png").exists() and "<h3>tab2_jaccard</h3>" in text
+    notebook = run / REPLAY / "03_three_pass_replay.ipynb"
+    with open(notebook, "ab") as f:
+        f.truncate(site.MAX_NOTEBOOK_BYTES + 1)
+    shutil.rmtree(run / "site")
+    assert f"{notebook}: 64.0 MiB, above the report site&#x27;s limit of 64 MiB for a notebook: not rendered" \
+        in site.build("tiny", run).read_text()
+    assert not (index.parent / "notebooks" / "03_three_pass_replay.html").exists()
+    runner = run / REPLAY / "runner.json"
+    with open(runner, "ab") as f:
+        f.truncate(site.MAX_JSON_BYTES + 1)
+    assert report.main(["--html", str(run / "runs" / "tiny")]) == 2
+    one_line(capsys, f"{runner}: 16.0 MiB, above the report site's limit of 16 MiB for a JSON file")
 
 
 def test_names_that_are_paths_are_refused(tmp_path, capsys):
@@ -530,10 +623,10 @@ def test_a_yaml_alias_bomb_is_refused_at_once_without_printing_it(tmp_path, caps
     levels += [f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 6)]
     f = tmp_path / "bomb.yaml"
     f.write_text(f"config: bomb\npasses: [{', '.join(levels)}]\n")
-    started = time.monotonic()
     assert main([str(f), "--dry-run", "--out", str(tmp_path)]) == 2
-    err = one_line(capsys, str(f), "alias")
-    assert len(err) < 400 and time.monotonic() - started < 10, err[:400]
+    # refused at the first alias the parser meets, before any value is built
+    err = one_line(capsys, str(f), "an alias (*a0) at line 2: params files do not take aliases")
+    assert len(err) < 400, err[:400]
 
 
 @pytest.mark.parametrize("text", ["? [1, 2]\n: 3\n", "1: 3\n", "config: x\ntemperature: 1.0e-300\n",
@@ -599,7 +692,7 @@ def test_a_ray_address_where_nothing_listens_is_one_line_at_once():
         port = s.getsockname()[1]  # free once closed: nothing listens there
     proc = subprocess.run([sys.executable, "-c", "from replaylib.runtime.executor import join_ray; "
                            f"join_ray('127.0.0.1:{port}', 'tiny')"], cwd=REPO, capture_output=True, text=True,
-                          timeout=90, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+                          timeout=600, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})  # a guard
     assert proc.returncode == 1
     assert f"cannot join the Ray cluster at 127.0.0.1:{port}: nothing answers there" in proc.stderr.splitlines()[-1]
 
@@ -673,11 +766,11 @@ def test_a_stopped_run_says_what_finished_and_how_to_resume(tmp_path, sig, code,
     # the runner must take Ctrl-C even where this test runs as a background job, which ignores SIGINT
     proc = subprocess.Popen([sys.executable, "-m", "replaylib.run", str(TINY), "--out", str(tmp_path)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_take_sigint)
-    log = tmp_path / "runs/tiny/01_sampling/run.log"
-    deadline = time.monotonic() + 120
-    while not log.exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(2)
+    running = tmp_path / "runs/tiny/01_sampling/progress.json"  # the stage's kernel is sampling
+    deadline = time.monotonic() + 600  # a guard against a hang, not a speed target
+    while not running.exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == code, err[-2000:]

@@ -199,11 +199,12 @@ def echo_unit(engine, x, fail: bool = False):
     return {"pid": os.getpid(), "x": x, "config": engine.config, "trunk_settings": engine.trunk_settings}
 
 
-def slow_unit(engine, seconds: float, ready_path: str = ""):
-    """A unit that takes a while (it says when it has begun), for the tests that kill its stage."""
+def held_unit(engine, ready_path: str, release_path: str):
+    """A unit that says when it has begun and runs until it is released, for the tests that kill its stage
+    in the middle of it."""
     import time
     from pathlib import Path
-    if ready_path:
-        Path(ready_path).write_text("running")
-    time.sleep(seconds)
-    return seconds
+    Path(ready_path).write_text("running")
+    while not Path(release_path).exists():
+        time.sleep(0.05)
+    return "released"

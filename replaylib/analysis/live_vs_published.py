@@ -12,7 +12,7 @@ import pandas as pd
 from ..core.paths import PAPER_RECORDS
 from ..measure.units import Kernel, Outputs, Unit
 from . import records as rec
-from . import stats, stats_extras
+from . import stats, stats_extras, tables
 
 QUANTITIES = stats.TABLE1_QUANTITIES
 
@@ -101,22 +101,28 @@ def _cell(v, quantity: str = ""):
 
 
 def comparison_markdown(c, table: pd.DataFrame, claims: list[dict]) -> str:
-    lines = [f"# {c.label}: live vs published", ""]
+    """The comparison and the claims as Markdown; every text from the campaign file (labels, the note) and
+    the verdicts naming them are escaped (a notebook renders this)."""
+    esc = tables.markdown_text
+    lines = [f"# {esc(c.label)}: live vs published", ""]
     if c.note:
-        lines += [f"**Note:** {c.note}", ""]
+        lines += [f"**Note:** {esc(c.note)}", ""]
     lines += ["| row | published row | quantity | published | live | 95% CI (problems) | published inside |",
               "|---|---|---|---|---|---|---|"]
     for r in table.itertuples(index=False):
         q = r.quantity
         ci = ("-" if r.ci95_low is None or pd.isna(r.ci95_low) else
               f"[{_cell(r.ci95_low, q)}, {_cell(r.ci95_high, q)}]")
-        lines.append(f"| {r.row} | {r[1]} | {q} | {_cell(r.published, q)} | {_cell(r.live, q)} | {ci} | {r[7]} |")
+        label, published_row = (esc(x).replace("|", "\\|") for x in (r.row, r[1]))
+        lines.append(f"| {label} | {published_row} | {q} | {_cell(r.published, q)} | {_cell(r.live, q)} | {ci} | "
+                     f"{r[7]} |")
     lines += ["", "## The paper's claims, on the live records", ""]
     modes = list(dict.fromkeys(x.get("mode", "") for x in claims))
     for mode in modes:
         if len(modes) > 1:
-            lines += [f"### {mode}", ""]
-        lines += [f"- {x['claim']}: **{x['verdict']}** ({x['detail']})" for x in claims if x.get("mode", "") == mode]
+            lines += [f"### {esc(mode)}", ""]
+        lines += [f"- {esc(x['claim'])}: **{esc(x['verdict'])}** ({esc(x['detail'])})" for x in claims
+                  if x.get("mode", "") == mode]
         if len(modes) > 1:
             lines.append("")
     return "\n".join(lines) + "\n"

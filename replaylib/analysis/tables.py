@@ -455,13 +455,25 @@ def all_tables(rows: dict, n_boot: int = 2000, runs: dict | None = None, cohorts
     return dict(sorted(out.items(), key=lambda kv: int(kv[0][3:].split("_")[0])))
 
 
+def markdown_text(value) -> str:
+    """A value as Markdown text: a notebook renders the Markdown, and HTML in a value (a row label, a model
+    name, a params string) must stay text."""
+    return str(value).replace("&", "&amp;").replace("<", "&lt;")
+
+
 def _markdown(df: pd.DataFrame) -> str:
     cells = [[str(c) for c in df.columns]] + [[str(v) for v in row] for row in df.itertuples(index=False)]
-    # a notebook renders this Markdown: HTML in a value (a model name, a params string) must stay text
-    esc = [[c.replace("&", "&amp;").replace("<", "&lt;").replace("|", "\\|") for c in line] for line in cells]
+    esc = [[markdown_text(c).replace("|", "\\|") for c in line] for line in cells]
     lines = ["| " + " | ".join(esc[0]) + " |", "|" + "|".join("---" for _ in esc[0]) + "|"]
     lines += ["| " + " | ".join(line) + " |" for line in esc[1:]]
     return "\n".join(lines) + "\n"
+
+
+def _latex(df: pd.DataFrame) -> str:
+    # pandas escapes LaTeX's special characters but not < and >, which a LaTeX font or an HTML rendering of
+    # the file would not show as text; its own markup holds neither
+    latex = df.astype(str).to_latex(index=False, escape=True)
+    return latex.replace("<", r"\textless{}").replace(">", r"\textgreater{}")
 
 
 def write_table(df: pd.DataFrame, name: str, tables_dir) -> list[Path]:
@@ -471,7 +483,7 @@ def write_table(df: pd.DataFrame, name: str, tables_dir) -> list[Path]:
     paths = [tables_dir / f"{name}.{ext}" for ext in ("csv", "md", "tex")]
     atomic_save(paths[0], lambda tmp: df.to_csv(tmp, index=False))
     atomic_write_bytes(paths[1], _markdown(df).encode())
-    atomic_write_bytes(paths[2], df.astype(str).to_latex(index=False, escape=True).encode())
+    atomic_write_bytes(paths[2], _latex(df).encode())
     return paths
 
 

@@ -6,6 +6,7 @@ import json
 import pandas as pd
 
 from ..core.paths import out_root, stage_dir, tables_dir
+from ..core.text import short
 from .worked_examples import TABLE1_SHORT
 
 PAPER = "paper"            # the published records' configuration (params/paper.yaml)
@@ -79,10 +80,20 @@ def headline_sentence(main: dict) -> str:
             f"re-fed ones (exact McNemar p = {probe['p']:.2g}){conts}. " + _need_sentence(main))
 
 
+def read_table(path) -> pd.DataFrame:
+    """A table the statistics stage wrote (a .csv), every cell as text; one line naming the file otherwise."""
+    try:
+        return pd.read_csv(path, dtype=str, keep_default_na=False)
+    except ValueError as e:  # pandas' parser errors, a file that is not UTF-8
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ValueError(f"{path}: not a table as the statistics stage writes it ({type(e).__name__}: "
+                         f"{short(first)}); rerun the statistics stage, or leave this run out") from None
+
+
 def claims_table(config: str, out_dir=None) -> pd.DataFrame | None:
     """The paper's claims judged on this run's records (tables/<config>/tab21_claims.csv), or None."""
     path = tables_dir(config, out_dir) / "tab21_claims.csv"
-    return pd.read_csv(path, dtype=str, keep_default_na=False) if path.exists() else None
+    return read_table(path) if path.exists() else None
 
 
 def summary_json(config: str, out_dir=None) -> dict:
@@ -99,7 +110,7 @@ def table1(config: str, out_dir=None) -> pd.DataFrame:
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing; run the statistics stage: "
                                 f"python -m replaylib.run params/{config}.yaml 04")
-    return pd.read_csv(path, dtype=str, keep_default_na=False)
+    return read_table(path)
 
 
 def paper_row(out_dir=None) -> pd.DataFrame | None:

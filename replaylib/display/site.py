@@ -15,7 +15,11 @@ stays. The page shows exactly the tables and figures the finished statistics sta
 Every page carries a Content-Security-Policy that forbids script and any load from outside the
 site. Every value read from a run is type-checked and escaped, and notebooks are rendered sanitized
 and without their output metadata, so a run directory received from someone else can neither run
-script in the page nor make it fetch anything; its tokenizer is loaded only from local files.
+script in the page nor make it fetch anything; its tokenizer is loaded only from local files. The site
+reads only plain files of the run (a symbolic link, which could show a file from outside the run, or a
+pipe or device is refused in one line naming it, unread) and bounds what it reads and copies: a table
+or figure above its limit (MAX_TABLE_BYTES, MAX_FIGURE_BYTES) is left out with a note, a notebook
+above MAX_NOTEBOOK_BYTES is not rendered, a JSON file above MAX_JSON_BYTES is refused.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import numbers
 import os
 import re
 import shutil
+import stat
 import tempfile
 import warnings
 from pathlib import Path
@@ -33,11 +38,11 @@ from pathlib import Path
 import pandas as pd
 
 from ..analysis.records import check_columns
-from ..core.paths import config_dir, out_root
+from ..core.paths import PARAMS, config_dir, figures_dir, out_root, tables_dir
 from ..core.text import short
 from ..runtime import outputs
 from ..runtime.params import make
-from ..runtime.registry import RUN_ORDER
+from ..runtime.registry import CAMPAIGN, RUN_ORDER
 from ..runtime.registry import stage as stage_entry
 from ..runtime.provenance import changed_outputs
 from . import headline, worked_examples
@@ -53,6 +58,12 @@ mark { background: #ffe08a; } .headline { font-size: 1.15rem; background: #eef5f
 .note { color: #666; } .warning { background: #fff1e0; padding: .5rem 1rem; }
 pre, .trunk { background: #f8f8f8; padding: .5rem; overflow-x: auto; }
 """
+# what the site reads of a run and copies beside its page, at most (a received run's files can be any size)
+MAX_TABLE_BYTES = 2 << 20      # a table shown in the page
+MAX_FIGURE_BYTES = 16 << 20    # a figure copied beside it
+MAX_NOTEBOOK_BYTES = 64 << 20  # an executed notebook rendered as a page of its own
+MAX_JSON_BYTES = 16 << 20      # a stage's manifest, parameters, summary and the like
+
 # no script at all, images from the site's folder or embedded, styles only inline: nothing from elsewhere
 CSP = "default-src 'none'; img-src 'self' data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 
@@ -61,6 +72,10 @@ def page(title: str, body: str, extra_style: str = "") -> str:
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}"><title>{html.escape(title)}</title>'
             f"<style>{STYLE}{extra_style}</style></head><body>\n{body}\n</body></html>\n")
+
+
+def note(text: str) -> str:
+    return f'<p class="note">{html.escape(text)}.</p>'
 
 
 def table_html(df: pd.DataFrame, **kw) -> str:
@@ -73,8 +88,8 @@ def reading(path: Path):
     try:
         yield
     except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
-        if isinstance(e, ValueError) and str(path) in str(e):
-            raise
+        if isinstance(e, ValueError) and (str(path) in str(e) or Path(str(e).split(":", 1)[0]).is_absolute()):
+            raise  # its message names its file already
         raise ValueError(f"{path}: not as its stage writes it ({type(e).__name__}: {short(str(e))}); rerun the "
                          f"stage, or leave this run out") from None
 
@@ -112,6 +127,35 @@ def render_notebook(path: Path, title: str) -> str:
     css = HtmlFormatter().get_style_defs(".highlight") + "\n.jp-OutputArea-output pre { margin: 0; }"
     back = '<p><a href="../index.html">back to the report</a></p>'
     return page(title, back + body + back, css)
+
+
+def check_run_files(base: Path) -> None:
+    """Refuse, in one line naming it and never reading it, an entry at or below base (one of the run's
+    directories) that the site must not read: anything but a plain file or directory (a symbolic link could
+    put a file from outside the run in the page; a pipe or a device reads forever), or a JSON file above
+    MAX_JSON_BYTES (a stage's manifest, parameters or summary is small)."""
+    entries = [base] if base.is_symlink() else \
+        [Path(top, name) for top, dirs, files in os.walk(base) for name in sorted(dirs + files)]
+    for path in entries:
+        try:
+            mode = path.lstat().st_mode
+        except FileNotFoundError:
+            continue  # a running stage's temporary file, renamed since it was listed
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            what = "a symbolic link" if stat.S_ISLNK(mode) else "not a plain file"
+            raise ValueError(f"{path}: {what}; the report site reads only the run's own plain files (stages write "
+                             f"no links): replace it with the file it stands for, or remove it")
+        if path.suffix == ".json" and (big := too_large(path, MAX_JSON_BYTES, "a JSON file")):
+            raise ValueError(f"{big}; not what its stage writes: rerun the stage, or leave this run out")
+
+
+def too_large(path: Path, limit: int, what: str = "a file") -> str | None:
+    """Why a file the site would read is left out (above the limit for its kind), or None."""
+    size = path.stat().st_size
+    if size <= limit:
+        return None
+    return (f"{path}: {size / 2**20:.1f} MiB, above the report site's limit of {limit / 2**20:g} MiB for "
+            f"{what}")
 
 
 def _read_json(path: Path) -> dict:
@@ -180,7 +224,11 @@ def products(runs: Path, root: Path, config: str) -> tuple[list[Path], list[Path
     mine = {rel: digest for rel, digest in listed.items() if own.fullmatch(rel)}
     tables = {int(m[1]): rel for rel in mine if (m := re.fullmatch(r"tables/[^/]+/tab(\d+)_\w+\.csv", rel))}
     figures = sorted(rel for rel in mine if rel.startswith("figures/") and rel.endswith(".png"))
-    return [root / tables[n] for n in sorted(tables)], [root / rel for rel in figures], changed_outputs(root, mine)
+    # a product too large to show is left out with a note, and not read to check it either
+    limit = {"tables": MAX_TABLE_BYTES, "figures": MAX_FIGURE_BYTES}
+    shown = {rel: digest for rel, digest in mine.items()
+             if not ((root / rel).is_file() and too_large(root / rel, limit[rel.split("/")[0]]))}
+    return [root / tables[n] for n in sorted(tables)], [root / rel for rel in figures], changed_outputs(root, shown)
 
 
 def build(config: str, out_dir=None, example_pivot: int | None = None) -> Path:
@@ -189,8 +237,18 @@ def build(config: str, out_dir=None, example_pivot: int | None = None) -> Path:
     runs = config_dir(config, root)
     done = [s for s in RUN_ORDER if (runs / s / "DONE").exists()]
     if not done:
+        if (runs / CAMPAIGN.name).is_dir():
+            raise FileNotFoundError(f"{runs}: a campaign's statistics, not a configuration's run: its tables are in "
+                                    f"{tables_dir(config, root)}/ (live_vs_published.md, tab1_main.md), its figures "
+                                    f"in {figures_dir(config, root)}/; the report site shows one of its "
+                                    f"configurations: python -m replaylib.report --html {runs.parent}/<config>")
+        params_file = f"params/{config}.yaml" if (PARAMS / f"{config}.yaml").is_file() else \
+            "PARAMS.yaml (the file of this configuration)"
         raise FileNotFoundError(f"{runs}: no finished stage; run the stages first: "
-                                f"python -m replaylib.run params/{config}.yaml")
+                                f"python -m replaylib.run {params_file} --out {root}")
+    # nothing of the run is read before its directories are known to hold only plain files
+    for base in (runs, tables_dir(config, root), figures_dir(config, root), tables_dir(headline.PAPER, root)):
+        check_run_files(base)
     site = root / "site" / config
     for d in (site, site / "figures", site / "notebooks"):
         if d.is_symlink():
@@ -204,9 +262,10 @@ def build(config: str, out_dir=None, example_pivot: int | None = None) -> Path:
     P = make({**params, "config": config}, where=f"{runs}/*/params.json")
     if example_pivot is None:  # what the executed notebooks used (papermill records it)
         nb = runs / "03_three_pass_replay" / "03_three_pass_replay.ipynb"
+        readable = nb.exists() and not too_large(nb, MAX_NOTEBOOK_BYTES)
         with reading(nb):
             injected = json.loads(nb.read_text()).get("metadata", {}).get("papermill", {}).get("parameters", {}) \
-                if nb.exists() else {}
+                if readable else {}
             example_pivot = injected.get("example_pivot", -1)
         if not isinstance(example_pivot, int):
             raise ValueError(f"{nb}: parameter 'example_pivot' is {short(example_pivot)}, not an integer; rerun the "
@@ -230,6 +289,11 @@ def build(config: str, out_dir=None, example_pivot: int | None = None) -> Path:
     if "04_statistics" in done:
         summary_path = runs / "04_statistics" / "summary.json"
         summary = _read_json(summary_path)
+        for t in (tables_dir(config, root) / "tab1_main.csv", tables_dir(config, root) / "tab21_claims.csv",
+                  tables_dir(headline.PAPER, root) / "tab1_main.csv"):
+            if t.is_file() and (big := too_large(t, MAX_TABLE_BYTES, "a table")):
+                raise ValueError(f"{big}; not the table its stage writes: rerun the statistics stage, or leave this "
+                                 f"run out")
         with reading(summary_path):
             parts.append(f'<p class="headline">{html.escape(headline.headline_sentence(summary["main"]))}</p>')
         parts.append("<h2>Table 1</h2>")
@@ -253,10 +317,12 @@ def build(config: str, out_dir=None, example_pivot: int | None = None) -> Path:
         (build_dir / "notebooks").mkdir()
         # the pivot stage's notebook draws the margin histogram for display (no manifest lists it)
         drawn = [root / "figures" / config / f"{name}.png" for s in done for name in stage_entry(s).figures]
-        # plain files only: a link could copy a file from anywhere into the site
-        figs = sorted((f for f in drawn + figures if f.is_file() and not f.is_symlink()), key=lambda f: f.name)
+        figs = sorted((f for f in drawn + figures if f.is_file()), key=lambda f: f.name)  # plain files (checked)
         parts.append("<h2>Figures</h2>")
         for f in figs:
+            if big := too_large(f, MAX_FIGURE_BYTES, "a figure"):
+                parts.append(note(f"{big}: not copied nor shown"))
+                continue
             shutil.copyfile(f, build_dir / "figures" / f.name)
             parts.append(f'<figure><img src="figures/{html.escape(f.name)}" alt="{html.escape(f.stem)}">'
                          f"<figcaption>{html.escape(f.stem)} (<code>figures/{html.escape(config)}/"
@@ -269,7 +335,9 @@ def build(config: str, out_dir=None, example_pivot: int | None = None) -> Path:
             d = runs / s
             nb = d / f"{s}.ipynb"
             link = "-"
-            if nb.exists():
+            if nb.exists() and (big := too_large(nb, MAX_NOTEBOOK_BYTES, "a notebook")):
+                link = html.escape(f"{big}: not rendered")
+            elif nb.exists():
                 (build_dir / "notebooks" / f"{s}.html").write_text(render_notebook(nb, f"{config}: {s}"))
                 link = f'<a href="notebooks/{s}.html">{s}.ipynb</a>'
             manifest = _read_json(d / "manifest.json")
@@ -284,8 +352,9 @@ def build(config: str, out_dir=None, example_pivot: int | None = None) -> Path:
             parts.append("<h2>All tables</h2>")
             for t in tables:
                 if t.is_file():
+                    big = too_large(t, MAX_TABLE_BYTES, "a table")
                     parts.append(f"<h3>{html.escape(t.stem)}</h3>" +
-                                 table_html(pd.read_csv(t, dtype=str, keep_default_na=False)))
+                                 (note(f"{big}: not shown") if big else table_html(headline.read_table(t))))
 
         parts.append("<h2>Parameters</h2>")
         parts.append(table_html(pd.DataFrame([{"parameter": k, "value": repr(v)} for k, v in sorted(params.items())])))

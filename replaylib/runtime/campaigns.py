@@ -180,7 +180,15 @@ def load(path, overrides: dict | None = None) -> Campaign:
         if published not in rec.PAPER_ROWS:
             raise ValueError(f"{where}: '{key}' row {entry['label']!r} has published {published!r}; choose one of "
                              f"{', '.join(rec.PAPER_ROWS)}")
-        return Row(str(entry["label"]), [config_of(f, key) for f in files], published)
+        return Row(str(entry["label"]), once([config_of(f, key) for f in files], files, key), published)
+
+    def once(names: list[str], files: list, key: str) -> list[str]:
+        """A row pools each configuration once: a file listed twice would count its records twice."""
+        twice = next((f for f, n in zip(files, names) if names.count(n) > 1), None)
+        if twice is not None:
+            raise ValueError(f"{where}: '{key}' lists {twice} (config '{names[files.index(twice)]}') more than once; "
+                             f"list each params file once")
+        return names
 
     if not isinstance(data["rows"], list) or not data["rows"]:
         raise ValueError(f"{where}: 'rows' must be a non-empty list of rows (label, params, published)")
@@ -194,7 +202,7 @@ def load(path, overrides: dict | None = None) -> Campaign:
     if data["figure1"] not in labels[:-1]:
         raise ValueError(f"{where}: 'figure1' is {data['figure1']!r}; name one of the rows: {labels[:-1]}")
     fig3 = data["figure3"] if isinstance(data["figure3"], list) else [data["figure3"]]
-    figure3 = [config_of(f, "figure3") for f in fig3]
+    figure3 = once([config_of(f, "figure3") for f in fig3], fig3, "figure3")
     name = params_mod.check_name(str(data.get("name") or path.stem.removeprefix("campaign-")), where, "name")
 
     def count(key, default, lo):

@@ -8,7 +8,9 @@ kernels lease in turn from the run's *broker*:
 - The broker runs in the runner's (or the campaign's) process. It listens on a Unix socket in a
   private directory (mode 0700) and admits only holders of its random key; the runner hands both to
   its kernels in the environment (``REPLAYLIB_ENGINE_BROKER``, ``REPLAYLIB_ENGINE_BROKER_KEY``). A
-  notebook run alone has neither and starts its own engine, as ``shared_engine: false`` does.
+  notebook run alone has neither and starts its own engine, as ``shared_engine: false`` does. Each
+  connection has a thread of its own and ``AUTH_TIMEOUT_S`` to prove it holds the key: a silent one delays
+  no lease. A broker removes the private directories that brokers killed outright left.
 - A lease names an engine *identity* (``engine_vllm.engine_identity``: everything the engine is
   built with: model, dtype, serving mode, batch invariance, attention backend, cache size). An idle
   server of that identity is leased; otherwise a new one starts. A configuration's stages 01 and 03,
@@ -40,6 +42,7 @@ import pickle
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -47,17 +50,20 @@ import threading
 import time
 import traceback
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Listener
+from multiprocessing.connection import Client, Listener, answer_challenge, deliver_challenge
 from pathlib import Path
 from unittest import mock
 
 from ..core import progress
+from ..core.processes import remove_left_behind, stop_with_parent
 
 log = logging.getLogger("replaylib")
 
 BROKER_ENV = "REPLAYLIB_ENGINE_BROKER"
 BROKER_KEY_ENV = "REPLAYLIB_ENGINE_BROKER_KEY"
 STOP_TIMEOUT_S = 120.0
+AUTH_TIMEOUT_S = 30.0  # a connection to the broker that has not proved it holds the key by then is closed
+PRIVATE_PREFIX = "replaylib-engines-"  # the broker's private directory: <prefix><its pid>-<random>
 
 
 class EngineServiceError(RuntimeError):
@@ -313,16 +319,42 @@ def _last_line(path: Path) -> str:
     return lines[-1][-300:] if lines else "no output"
 
 
+def _authenticated(conn, key: bytes, timeout_s: float) -> bool:
+    """Whether the peer proves within timeout_s that it holds the key (multiprocessing's challenge both ways,
+    as Listener(authkey=) does in accept(), but with a deadline: a silent peer's socket is shut down)."""
+    lock, finished = threading.Lock(), []
+
+    def hang_up():
+        with lock, contextlib.suppress(OSError):
+            if not finished:
+                with socket.socket(fileno=os.dup(conn.fileno())) as s:
+                    s.shutdown(socket.SHUT_RDWR)  # wakes the read waiting for the peer
+    timer = threading.Timer(timeout_s, hang_up)
+    timer.start()
+    try:
+        deliver_challenge(conn, key)
+        answer_challenge(conn, key)
+        return True
+    except (OSError, EOFError, AuthenticationError):
+        return False
+    finally:
+        with lock:
+            finished.append(True)
+        timer.cancel()
+
+
 class EngineBroker:
     """Leases engine servers to the stages of one run or campaign (see the module's docstring)."""
 
     def __init__(self, out_dir=None):
         from ..core.paths import out_root
         self.root = out_root(out_dir).resolve()
-        self.private = Path(tempfile.mkdtemp(prefix="replaylib-engines-"))  # 0700, ours alone
+        remove_left_behind(PRIVATE_PREFIX)  # by brokers killed outright: a stale broker.sock in each
+        # 0700, ours alone; named with our pid, so that a later broker knows it stale once we are gone
+        self.private = Path(tempfile.mkdtemp(prefix=f"{PRIVATE_PREFIX}{os.getpid()}-"))
         self.key = secrets.token_bytes(32)
         self.address = str(self.private / "broker.sock")
-        self.listener = Listener(self.address, family="AF_UNIX", authkey=self.key)
+        self.listener = Listener(self.address, family="AF_UNIX")  # each connection authenticates in its thread
         self.log_dir = self.root / "runs" / ".engines" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         self.servers: list[_Server] = []
         self.cond = threading.Condition()
@@ -338,12 +370,15 @@ class EngineBroker:
         while not self.closed:
             try:
                 conn = self.listener.accept()
-            except (OSError, EOFError, AuthenticationError):
+            except OSError:
                 continue
             threading.Thread(target=self._serve_lease, args=(conn,), name="engine-lease", daemon=True).start()
 
     def _serve_lease(self, conn) -> None:
         server, who = None, "?"
+        if not _authenticated(conn, self.key, AUTH_TIMEOUT_S):
+            conn.close()
+            return
         try:
             kind, identity, params, invariant, who = conn.recv()
             server, started = self._acquire(identity, params, invariant, who, conn)
@@ -458,15 +493,6 @@ class EngineBroker:
 
 # --------------------------------------------------------------------------- the server
 
-def _watch_owner(owner: int) -> None:
-    """Stop this server (SIGTERM to itself) once the process that started it is gone."""
-    def watch():
-        while os.getppid() == owner:
-            time.sleep(0.5)
-        os.kill(os.getpid(), signal.SIGTERM)
-    threading.Thread(target=watch, name="owner-watch", daemon=True).start()
-
-
 def _terminate(signum, frame):
     raise SystemExit(0)  # asked to stop: the engine closes on the way out
 
@@ -534,7 +560,7 @@ def serve(spec_path: str) -> int:
     with open(spec_path, "rb") as f:
         spec = pickle.load(f)
     os.unlink(spec_path)  # it holds the server's key
-    _watch_owner(spec["owner"])
+    stop_with_parent(spec["owner"])  # the broker's process, killed outright included
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run stops its servers itself
     handler = logging.StreamHandler(sys.stderr)

@@ -55,9 +55,13 @@ class ShardStore:
             rel = shard(unit, name, value)
             write_output(self.root / rel, value)
             recorded[name] = [rel, sha256_file(self.root / rel)]
-        self.units[unit.name] = {"parts": recorded, "seconds": {k: round(v, 3) for k, v in (seconds or {}).items()}}
-        self._write()
+        self.record(unit, recorded, seconds or {})
         return {name: read_part(self.root / rel) for name, (rel, _) in recorded.items()}
+
+    def record(self, unit: Unit, parts: dict, seconds: dict) -> None:
+        """Record a unit whose parts are written (their paths and sha256): from now on it is reused."""
+        self.units[unit.name] = {"parts": parts, "seconds": {k: round(v, 3) for k, v in seconds.items()}}
+        self._write()
 
     def changed(self) -> list[str]:
         """The recorded parts whose bytes are no longer the ones written (or that are gone)."""
