@@ -14,9 +14,9 @@ from ..measure.units import Unit, read_part, write_output
 
 class ShardStore:
     def __init__(self, root: Path, key: str, record: str = "resume.json"):
-        self.root, self.key, self.record = Path(root), key, Path(root) / record
+        self.root, self.key, self.record_file = Path(root), key, Path(root) / record
         try:
-            recorded = json.loads(self.record.read_text())
+            recorded = json.loads(self.record_file.read_text())
         except (OSError, ValueError):
             recorded = {}
         self.fresh = isinstance(recorded, dict) and recorded.get("resume_key") == key
@@ -29,7 +29,7 @@ class ShardStore:
         self._write()
 
     def _write(self) -> None:
-        atomic_write_json(self.record, {"resume_key": self.key, "units": self.units})
+        atomic_write_json(self.record_file, {"resume_key": self.key, "units": self.units})
 
     def load(self, unit: Unit) -> dict | None:
         """A unit's parts as recorded, or None when it is not recorded or any part's bytes changed."""
