@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..core.text import short
 
 # field -> the names it is read from, in order (the first present wins)
 ALIASES = {
@@ -17,6 +22,12 @@ ALIASES = {
     "top_logprobs": ("top_logprobs",),
     "positions": ("positions",),
 }
+
+
+# a rollout at the runner's bounds (32768 prompt and 32768 response tokens, a top-20 per position) is under
+# 30 MB of JSON; the rollouts of a file are held in memory (parsed, several times their JSON's size)
+MAX_LINE_BYTES = 64 * 2**20
+MAX_FILE_BYTES = 2**30
 
 
 class BadInput(ValueError):
@@ -44,12 +55,27 @@ def _lookup(obj: dict, name: str):
     return obj
 
 
-def _field(obj: dict, field: str):
-    for name in ALIASES[field]:
-        value = _lookup(obj, name)
-        if value is not None:
-            return value
-    return None
+def _is_text(value) -> bool:
+    """Text where token ids would be: a string, or a list holding anything but integers (chat messages)."""
+    return isinstance(value, str) or (isinstance(value, list) and any(not _is_int(x) for x in value))
+
+
+def _field(obj: dict, field: str, where: str):
+    """The field under the first of its names present; two names present with different values are refused
+    (which one a dump meant is not ours to guess). For token ids a name holding text (TRL's prompts column
+    beside its prompt_ids) is not a second value."""
+    found = [(name, value) for name in ALIASES[field] if (value := _lookup(obj, name)) is not None]
+    if field in ("prompt_ids", "response_ids") and any(not _is_text(v) for _, v in found):
+        found = [(name, value) for name, value in found if not _is_text(value)]
+    for name, value in found[1:]:
+        if _canonical(value) != _canonical(found[0][1]):
+            raise BadInput(f"{where}: fields '{found[0][0]}' and '{name}' both give the {field.replace('_', ' ')} and "
+                           f"differ; keep one of them")
+    return found[0][1] if found else None
+
+
+def _canonical(value) -> str:
+    return json.dumps(value, sort_keys=True) if not isinstance(value, (str, int, float)) else str(value)
 
 
 def _is_int(x) -> bool:
@@ -62,7 +88,7 @@ def _token_ids(value, where: str, name: str, vocab: int) -> list[int]:
                        f"tokenize with the model's tokenizer")
     bad = next((t for t in value if not 0 <= t < vocab), None)
     if bad is not None:
-        raise BadInput(f"{where}: field '{name}' holds token id {bad}, outside the model's vocabulary "
+        raise BadInput(f"{where}: field '{name}' holds token id {short(bad)}, outside the model's vocabulary "
                        f"[0, {vocab}); use the ids of the model given by --model")
     return value
 
@@ -77,6 +103,10 @@ def _top_logprobs(value, where: str, n: int, vocab: int) -> list:
                            and isinstance(p[1], (int, float)) and not isinstance(p[1], bool) for p in step)):
             raise BadInput(f"{where}: field 'top_logprobs' at position {i} is not a top-k of in-vocabulary "
                            f"[token_id, logprob] pairs; {fix}")
+        bad = next((p[1] for p in step if not math.isfinite(p[1])), None)
+        if bad is not None:
+            raise BadInput(f"{where}: field 'top_logprobs' at position {i} holds logprob {bad}; every logprob must be "
+                           f"a finite number (a NaN or infinity is no record of a decode)")
     return value
 
 
@@ -106,28 +136,63 @@ def _unpadded(obj: dict, prompt, response, where: str):
     return prompt, response
 
 
-def parse_line(text: str, where: str, vocab: int) -> Rollout:
+def _loads(text: str, where: str):
+    """json.loads with every way it can fail as one line (a number of more than 4300 digits, nesting deeper
+    than the interpreter's recursion limit, malformed text)."""
     try:
-        obj = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise BadInput(f"{where}: not a JSON object ({e.msg}); write one rollout per line") from None
+    except ValueError as e:
+        raise BadInput(f"{where}: cannot be read as JSON ({short(str(e))}); write one rollout per line") from None
+    except RecursionError:
+        raise BadInput(f"{where}: JSON nested too deeply to read; a rollout is a flat object of lists and "
+                       f"numbers") from None
+
+
+def _check_text(obj: dict, where: str) -> None:
+    """Every string of the line can be written as UTF-8 (a lone surrogate, written as \\ud800, cannot)."""
+    for key, value in obj.items():
+        try:
+            json.dumps([key, value], ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadInput(f"{where}: field {short(key)} holds a string that is not valid Unicode (a lone surrogate "
+                           f"such as \\ud800); fix the text") from None
+        except RecursionError:
+            raise BadInput(f"{where}: field {short(key)} is nested too deeply; a rollout is a flat object of lists "
+                           f"and numbers") from None
+        except (TypeError, ValueError) as e:
+            raise BadInput(f"{where}: field {short(key)} is not JSON data ({short(str(e))}); give lists, numbers and "
+                           f"strings") from None
+
+
+def parse_line(text: str, where: str, vocab: int) -> Rollout:
+    return parse_record(_loads(text, where), where, vocab)
+
+
+def parse_record(obj, where: str, vocab: int) -> Rollout:
+    """One rollout from its JSON object (a line of the file, or a dict given in Python)."""
     if not isinstance(obj, dict):
         raise BadInput(f"{where}: not a JSON object; write one rollout per line")
-    rid = _field(obj, "id")
+    _check_text(obj, where)
+    rid = _field(obj, "id", where)
     if not (_is_int(rid) or (isinstance(rid, str) and rid)):
         raise BadInput(f"{where}: field 'id' is missing or not a string or integer; give each rollout an id")
-    prompt, response = _unpadded(obj, _field(obj, "prompt_ids"), _field(obj, "response_ids"), where)
+    prompt, response = _unpadded(obj, _field(obj, "prompt_ids", where), _field(obj, "response_ids", where), where)
     prompt = _token_ids(prompt, where, "prompt_ids", vocab)
     response = _token_ids(response, where, "response_ids", vocab)
-    gold = _field(obj, "ground_truth")
+    gold = _field(obj, "ground_truth", where)
     if not isinstance(gold, (str, int, float)) or isinstance(gold, bool) or gold == "":
         raise BadInput(f"{where}: field 'ground_truth' is missing or not a string; give the reference answer")
-    source = _field(obj, "data_source")
+    if isinstance(gold, float) and not math.isfinite(gold):
+        raise BadInput(f"{where}: field 'ground_truth' is {gold}; give the reference answer (a string, or a finite "
+                       f"number)")
+    source = _field(obj, "data_source", where)
     if source is not None and not isinstance(source, str):
         raise BadInput(f"{where}: field 'data_source' must be a string")
-    top = _field(obj, "top_logprobs")
+    top = _field(obj, "top_logprobs", where)
     top = None if top is None else _top_logprobs(top, where, len(response), vocab)
-    positions = _field(obj, "positions")
+    positions = _field(obj, "positions", where)
     if positions is not None:
         if not isinstance(positions, list) or not all(_is_int(p) for p in positions):
             raise BadInput(f"{where}: field 'positions' must be a list of response positions (integers)")
@@ -141,24 +206,72 @@ def parse_line(text: str, where: str, vocab: int) -> Rollout:
     return Rollout(0, rid, prompt, response, str(gold), source, top, positions, digest)
 
 
-def read_rollouts(path: Path, vocab: int) -> list[Rollout]:
-    """Every rollout of a JSONL file (blank lines skipped), or BadInput for the first bad line."""
-    path = Path(path)
+def check_file(path: Path) -> None:
+    """A rollouts file that can be read within the bounds: a regular file (or a pipe) of at most MAX_FILE_BYTES;
+    a device such as /dev/zero never ends."""
     try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise BadInput(f"{path}: cannot be read ({e.__class__.__name__}); give a JSONL file of rollouts") from None
+        st = Path(path).stat()
+    except OSError as e:
+        raise BadInput(f"{path}: cannot be read ({e.strerror or e}); give a JSONL file of rollouts") from None
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+        raise BadInput(f"{path}: not a regular file; give a JSONL file of rollouts")
+    if st.st_size > MAX_FILE_BYTES:
+        raise BadInput(f"{path}: {st.st_size >> 20} MiB, more than the {MAX_FILE_BYTES >> 20} MiB the tool reads at "
+                       f"once (every rollout is held in memory); split it into several files and runs")
+
+
+def _lines(path: Path):
+    """(line number, text) of a file, each line and the whole within the bounds."""
+    total = 0
+    try:
+        with open(path, "rb") as f:
+            for n, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+                total += len(raw)
+                if len(raw) > MAX_LINE_BYTES:
+                    raise BadInput(f"{path}:{n}: longer than {MAX_LINE_BYTES >> 20} MiB, more than a rollout at the "
+                                   f"runner's token bounds; write one rollout per line")
+                if total > MAX_FILE_BYTES:
+                    raise BadInput(f"{path}: more than the {MAX_FILE_BYTES >> 20} MiB the tool reads at once; split it "
+                                   f"into several files and runs")
+                try:
+                    yield n, raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise BadInput(f"{path}:{n}: not UTF-8 text (byte {e.start}: {e.reason}); save the file as "
+                                   f"UTF-8") from None
+    except OSError as e:
+        raise BadInput(f"{path}: cannot be read ({e.strerror or e}); give a JSONL file of rollouts") from None
+
+
+def _collect(numbered, source: str, vocab: int) -> list[Rollout]:
+    """Rollouts from (line number, JSON text or object) pairs, ids unique; BadInput for the first bad one."""
     rollouts, seen = [], {}
-    for n, text in enumerate(lines, 1):
-        if not text.strip():
+    for n, item in numbered:
+        if isinstance(item, str) and not item.strip():
             continue
-        where = f"{path}:{n}"
-        r = parse_line(text, where, vocab)
+        where = f"{source}:{n}"
+        r = parse_line(item, where, vocab) if isinstance(item, str) else parse_record(item, where, vocab)
         r.line = n
         if str(r.id) in seen:
-            raise BadInput(f"{where}: field 'id' {r.id!r} repeats line {seen[str(r.id)]}; ids must be unique")
+            raise BadInput(f"{where}: field 'id' {short(r.id)} repeats line {seen[str(r.id)]}; ids must be unique")
         seen[str(r.id)] = n
         rollouts.append(r)
     if not rollouts:
-        raise BadInput(f"{path}: no rollout in the file; write one JSON object per line")
+        raise BadInput(f"{source}: no rollout in it; write one JSON object per line")
     return rollouts
+
+
+def read_rollouts(path: Path, vocab: int) -> list[Rollout]:
+    """Every rollout of a JSONL file (blank lines skipped), or BadInput for the first bad line."""
+    path = Path(path)
+    check_file(path)
+    return _collect(_lines(path), str(path), vocab)
+
+
+def read_input(source, vocab: int) -> tuple[str, list[Rollout]]:
+    """(what errors name, the rollouts) of a JSONL path, or of rollout dicts given in Python (named batch:N,
+    N counting from 1); nothing is written."""
+    if isinstance(source, (str, os.PathLike)):
+        return str(source), read_rollouts(Path(source), vocab)
+    if isinstance(source, dict) or not hasattr(source, "__iter__"):
+        raise BadInput(f"rollouts: a {type(source).__name__}; give a JSONL path or a list of rollout dicts")
+    return "batch", _collect(enumerate(source, 1), "batch", vocab)

@@ -58,7 +58,8 @@ def certificate(recorded: list | None, ids: list, logprobs: list, upto: int) -> 
             if int(token) not in mine:
                 same_ids = False
                 continue
-            worst = max(worst, abs(float(lp) - mine[int(token)]))
+            diff = abs(float(lp) - mine[int(token)])
+            worst = math.nan if math.isnan(diff) or math.isnan(worst) else max(worst, diff)  # a NaN is never 0
     if worst == 0.0 and same_ids:
         return "bit-exact"
     return f"max |diff| {worst:.3g}" + ("" if same_ids else ", top-k ids differ")
