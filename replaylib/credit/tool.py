@@ -21,7 +21,9 @@ from ..measure import credit as kernel
 from ..measure.engine import EngineUnavailable, PassSettings
 from ..runtime import rundir
 from . import graders
-from .inputs import BadInput, read_rollouts
+from .checks import check_bounds, check_lengths, model_context
+from .inputs import BadInput, read_input
+from .outdir import check_out, holding
 
 log = logging.getLogger("replaylib")
 TOP_K = 5  # top-k the forced decode records per step (margins and alternatives when none are recorded)
@@ -49,6 +51,7 @@ class Settings:
     seed: int = 0
     seeds: str = "hash"
     success_above: float = 0.0
+    grader_timeout: float = graders.DEFAULT_TIMEOUT  # seconds per call of a user's grader
     serving: str = "multiprocess"  # vLLM: its default multi-process engine (as pipelines run it) or in-process
     gpu_memory_utilization: float = 0.9  # vLLM
     max_model_len: int = 4096  # vLLM
@@ -64,8 +67,7 @@ class Settings:
                          ("workers", 1)):
             if getattr(self, name) < lo:
                 raise BadInput(f"--{name.replace('_', '-')} {getattr(self, name)}: must be at least {lo}")
-        if not 0 < self.top_p <= 1 or self.temperature < 0:
-            raise BadInput("--top-p must be in (0, 1] and --temperature at least 0")
+        check_bounds(self)
         if self.seeds not in ("hash", "replay"):
             raise BadInput(f"--seeds {self.seeds}: choose hash or replay")
         if self.engine == "vllm" and self.stop_at_answer:
@@ -75,7 +77,7 @@ class Settings:
             raise BadInput(f"--executor {self.executor}: choose local or ray")
 
     def key(self) -> str:
-        what = {k: v for k, v in asdict(self).items() if k not in WHERE}
+        what = {k: v for k, v in asdict(self).items() if k not in WHERE + ("grader_timeout",)}
         return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
     def pass_settings(self) -> PassSettings:
@@ -97,16 +99,23 @@ class Settings:
 
 
 def model_files(settings: Settings):
-    """The model's tokenizer and vocabulary size, read in this process (the engines may run elsewhere)."""
+    """The model's tokenizer, vocabulary size and context (positions), read in this process (the engines may
+    run elsewhere); a path that does not exist is one line, not the hub's message about repository ids."""
     from transformers import AutoConfig, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from ..measure.models import resolve_model
     hf_logging.set_verbosity_error()  # the terminal gets the tool's lines, not the library's loading bars
     hf_logging.disable_progress_bar()
+    spec = settings.model
+    if spec.startswith(("/", "./", "../", "~")) and not Path(spec).expanduser().is_dir():
+        raise BadInput(f"--model {spec}: no such directory; give a local model directory, embedded:NAME, tiny:SEED "
+                       f"or a hub id")
     try:
-        path = resolve_model(settings.model)
-        return AutoTokenizer.from_pretrained(path), AutoConfig.from_pretrained(path).vocab_size
+        path = resolve_model(str(Path(spec).expanduser()) if spec.startswith("~") else spec)
+        config = AutoConfig.from_pretrained(path)
+        limit = settings.max_model_len if settings.engine == "vllm" else None
+        return AutoTokenizer.from_pretrained(path), config.vocab_size, model_context(config, limit)
     except (ValueError, OSError) as e:
         raise BadInput(f"--model {settings.model}: {str(e)[:200]}") from None
 
@@ -135,8 +144,9 @@ def open_executor(settings: Settings, engine=None):
     if engine is not None:
         return GivenEngine(engine)
     from ..runtime.executor import make_executor
+    params = settings.params()  # a setting out of range is its own line, not the model's
     try:
-        return make_executor(settings.params(), settings.invariant, settings.workers, stage="credit", forcing=True)
+        return make_executor(params, settings.invariant, settings.workers, stage="credit", forcing=True)
     except EngineUnavailable as e:
         raise BadInput(str(e)) from None
     except (OSError, RuntimeError, ValueError) as e:
@@ -149,6 +159,14 @@ def vocab_of(engine) -> int:
     if getattr(engine, "model", None) is not None:
         return engine.model.config.vocab_size
     return engine.llm.llm_engine.model_config.get_vocab_size()
+
+
+def context_of(engine) -> int | None:
+    """The context (positions) of an engine already loaded."""
+    if getattr(engine, "model", None) is not None:
+        return model_context(engine.model.config)
+    config = getattr(getattr(getattr(engine, "llm", None), "llm_engine", None), "model_config", None)
+    return getattr(config, "max_model_len", None)
 
 
 def describe(engine) -> dict:
@@ -180,7 +198,7 @@ def groups_of(rollouts: list) -> list[list]:
 
 def group_rows(engine, group: list, settings: Settings, path: str) -> tuple[list[dict], dict]:
     """One group's rows and timing: forced decoding, pivots, passes, certificates (runs where the engine is)."""
-    grade = graders.scorer(graders.load(settings.grader), settings.grader, settings.success_above)
+    grade = graders.for_settings(settings)
     # as wide a top-k as was recorded, so that every recorded entry has its counterpart
     width = max([TOP_K, *(len(step) for r in group for step in r.top_logprobs or [])])
     timing = {}
@@ -207,6 +225,7 @@ def group_rows(engine, group: list, settings: Settings, path: str) -> tuple[list
 
     rows = kernel.credit_group(engine, group[0].prompt_ids, [r.response_ids for r in group], pivots, seeds,
                                settings.passes, settings.pass_settings(), state, grade_text, timing)
+    timing["grader"] = dict(grade.stats)
     out = []
     for r, trunk, found, rollout_rows in zip(group, trunks, pivots, rows):
         for p, row in zip(found, rollout_rows):
@@ -293,56 +312,73 @@ def judged(frame: pd.DataFrame) -> dict:
                        "re-feed disagrees above the floor": fields(claims.excess_above_floor(kept))}}
 
 
-def run(rollouts_path, out, settings: Settings, engine=None) -> dict:
-    """The tool: check everything first (BadInput: nothing written), then compute and write. engine: one
-    already loaded (its settings must be these); otherwise the executor of settings starts them."""
+def run(rollouts, out, settings: Settings, engine=None) -> dict:
+    """The tool: check everything first (BadInput: nothing written), then compute and write, holding --out
+    for this run alone. rollouts: a JSONL path or a list of rollout dicts; engine: one already loaded (its
+    settings must be these); otherwise the executor of settings starts them."""
     from .report import report_html
     settings.check()
-    grade = graders.scorer(graders.load(settings.grader), settings.grader, settings.success_above)
-    tok, vocab = (engine.tok, vocab_of(engine)) if engine is not None else model_files(settings)
-    path = Path(rollouts_path)
-    rollouts = read_rollouts(path, vocab)
+    out = check_out(out)
+    grade = graders.for_settings(settings)
+    if engine is not None:
+        tok, vocab, context = engine.tok, vocab_of(engine), context_of(engine)
+    else:
+        tok, vocab, context = model_files(settings)
+    path, rollouts = read_input(rollouts, vocab)
     check_seeds(rollouts, settings, path)
+    check_lengths(rollouts, context, settings, path)
     first = rollouts[0]
     try:  # the grader on a real text before anything is written
         grade(tok.decode(first.response_ids, skip_special_tokens=True), first)
     except graders.GraderFailed as e:
         raise BadInput(f"{path}:{first.line}: field 'ground_truth': {e}") from None
-    out = Path(out)
     groups = groups_of(rollouts)
-    executor = open_executor(settings, engine)
-    try:
-        described = executor.call(describe)
-        # the engine as it describes itself (model path, dtype, kernels) is part of what a shard was computed with
-        shards = Shards(out, hashlib.sha256(f"{settings.key()}|{json.dumps(described, sort_keys=True)}"
-                                            .encode()).hexdigest())
-        shards.dir.mkdir(parents=True, exist_ok=True)
-        frames = {i: shards.get(g) for i, g in enumerate(groups)}
-        todo = [(f"group {i}", (group, settings, str(path))) for i, group in enumerate(groups) if frames[i] is None]
-        bar = progress.bar(shards.dir, "credit", len(rollouts), "rollout")
-        bar.update(sum(len(groups[i]) for i, f in frames.items() if f is not None))
-        timing = []
+    executor = open_executor(settings, engine)  # a model, device or library missing: one line, nothing written
+    with holding(out):
         try:
-            for label, (rows, spent) in executor.map(group_rows, todo, ordered=False):
-                i = int(label.split()[1])
-                frames[i] = shards.put(groups[i], pd.DataFrame(rows))
-                timing.append({"group": i, "rollouts": len(groups[i]), "passes": spent})
-                bar.update(len(groups[i]))
-        except BadInput as e:  # from a Ray actor it carries the actor's traceback: the one line is its cause's
-            raise BadInput(str(getattr(e, "cause", None) or e)) from None
+            described = executor.call(describe)
+            # the engine as it describes itself (model path, dtype, kernels) is part of what a shard was computed
+            # with
+            shards = Shards(out, hashlib.sha256(f"{settings.key()}|{json.dumps(described, sort_keys=True)}"
+                                                .encode()).hexdigest())
+            shards.dir.mkdir(parents=True, exist_ok=True)
+            frames = {i: shards.get(g) for i, g in enumerate(groups)}
+            todo = [(f"group {i}", (group, settings, path)) for i, group in enumerate(groups) if frames[i] is None]
+            bar = progress.bar(shards.dir, "credit", len(rollouts), "rollout")
+            bar.update(sum(len(groups[i]) for i, f in frames.items() if f is not None))
+            timing = []
+            try:
+                for label, (rows, spent) in executor.map(group_rows, todo, ordered=False):
+                    i = int(label.split()[1])
+                    frames[i] = shards.put(groups[i], pd.DataFrame(rows))
+                    timing.append({"group": i, "rollouts": len(groups[i]), "passes": spent})
+                    bar.update(len(groups[i]))
+            except BadInput as e:  # from a Ray actor it carries the actor's traceback: the one line is its cause's
+                raise BadInput(str(getattr(e, "cause", None) or e)) from None
+            finally:
+                bar.close()  # the bar's line ends before any message
         finally:
-            bar.close()  # the bar's line ends before any message
-    finally:
-        executor.close()
-    parts = [frames[i] for i in range(len(groups)) if len(frames[i])]
-    frame = pd.concat(parts, ignore_index=True).sort_values(["line", "position"], kind="stable") \
-        .reset_index(drop=True) if parts else pd.DataFrame()
-    summary = summarize(frame, settings, len(rollouts), described)
-    atomic_save(out / "credit.parquet", lambda tmp: frame.to_parquet(tmp, index=False))
-    atomic_write_json(out / "summary.json", summary)
-    atomic_write_json(out / "timing.json", throughput(timing, settings))
-    atomic_write_bytes(out / "report.html", report_html(frame, summary).encode())
+            executor.close()
+        parts = [frames[i] for i in range(len(groups)) if len(frames[i])]
+        frame = pd.concat(parts, ignore_index=True).sort_values(["line", "position"], kind="stable") \
+            .reset_index(drop=True) if parts else pd.DataFrame()
+        summary = summarize(frame, settings, len(rollouts), described)
+        summary["grader"] = grader_totals(timing)
+        atomic_save(out / "credit.parquet", lambda tmp: frame.to_parquet(tmp, index=False))
+        atomic_write_json(out / "summary.json", summary)
+        atomic_write_json(out / "timing.json", throughput(timing, settings))
+        atomic_write_bytes(out / "report.html", report_html(frame, summary).encode())
     return summary
+
+
+def grader_totals(timing: list[dict]) -> dict:
+    """What the grader did in the groups this run computed: calls, seconds, bytes it printed (never shown)
+    and their first characters."""
+    found = [g["passes"].get("grader", {}) for g in timing]
+    return {"calls": sum(f.get("calls", 0) for f in found),
+            "seconds": round(sum(f.get("seconds", 0.0) for f in found), 3),
+            "printed_bytes": sum(f.get("printed_bytes", 0) for f in found),
+            "printed_head": next((f["printed_head"] for f in found if f.get("printed_head")), "")}
 
 
 def throughput(timing: list[dict], settings: Settings) -> dict:
@@ -351,6 +387,8 @@ def throughput(timing: list[dict], settings: Settings) -> dict:
     total: dict = {}
     for group in timing:
         for name, spent in group["passes"].items():
+            if name == "grader":  # not a decode: summary.json's grader entry
+                continue
             acc = total.setdefault(name, {"seconds": 0.0, "tokens": 0})
             acc["seconds"] += spent["seconds"]
             acc["tokens"] += spent["tokens"]
