@@ -9,10 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_credit import FAST, sampled_rollouts, write
+from test_credit import sampled_rollouts, write
 
 from replaylib.credit import cli
-from replaylib.measure import credit as kernel
 
 REPO = Path(__file__).resolve().parents[1]
 GOOD = {"id": "a", "prompt_ids": [1, 345, 267, 201], "response_ids": [44, 279, 320, 161, 12], "ground_truth": "7"}
@@ -113,10 +112,16 @@ def test_nan_and_infinity_in_the_rollouts_are_refused(case, named, tmp_path, cap
 
 
 def test_a_nan_is_never_certified():
-    ids, logprobs = [[44, 45]] * 3, [[-0.5, -1.5]] * 3
-    recorded = [[[44, float("nan")], [45, -1.5]]] * 3
-    assert kernel.certificate(recorded, ids, logprobs, 2) != "bit-exact"
-    assert kernel.certificate([[[44, -0.5], [45, -1.5]]] * 3, ids, [[float("nan"), -1.5]] * 3, 2) != "bit-exact"
+    from types import SimpleNamespace
+
+    from replaylib.measure.credit_certificate import certificate
+    forced = SimpleNamespace(topk_ids=[[44, 45]] * 3, topk_logprobs=[[-0.5, -1.5]] * 3, observed=None)
+    recorded = [[[44, -0.5], [45, -1.5]]] * 3
+    assert certificate(recorded, None, forced, 2)["certificate"] == "bit-exact"
+    nan = [[[44, float("nan")], [45, -1.5]]] * 3
+    assert certificate(nan, None, forced, 2)["certificate"] == "differs"
+    broken = SimpleNamespace(topk_ids=forced.topk_ids, topk_logprobs=[[float("nan"), -1.5]] * 3, observed=None)
+    assert certificate(recorded, None, broken, 2)["certificate"] == "differs"
 
 
 @pytest.mark.parametrize("grader, named", [
@@ -128,7 +133,8 @@ def test_a_grader_that_hangs_exits_or_returns_nan_is_one_line_naming_it_and_the_
                                                                                          tiny_model_dir):
     path = write(tmp_path / "r.jsonl", [GOOD])
     spec = f"tests.credit_grader:{grader}"
-    err = refused(capsys, path, tmp_path / "out", "--grader-timeout", "1", model=tiny_model_dir, grader=spec)
+    timeout = ["--grader-timeout", "1"] if grader == "sleeps" else []  # (starting the process is not timed by it)
+    err = refused(capsys, path, tmp_path / "out", *timeout, model=tiny_model_dir, grader=spec)
     assert f"{path}:1: field 'ground_truth': --grader {spec} {named}" in err, err
 
 

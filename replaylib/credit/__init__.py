@@ -10,8 +10,9 @@ from __future__ import annotations
 
 
 def estimate(rollouts, model: str, grader: str = "gsm8k", out=None, engine=None, **options):
-    """Credit per pivot, as credit.parquet holds it, for rollouts given as a JSONL path or as a list of
-    rollout dicts (the fields of docs/credit.md). options: the settings of ``tool.Settings`` (k, margin,
+    """Credit per pivot, as credit.parquet holds it, for rollouts given as a JSONL path or as a batch read in
+    memory: a list of rollout dicts, a mapping of per-row tensors or arrays (TRL's), a verl DataProto
+    (replaylib.credit.batches; the fields of docs/credit.md). options: the settings of ``tool.Settings`` (k, margin,
     passes, max_cont_tokens, device, seed, ...); out: where credit.parquet, summary.json, report.html and
     the shards go (a new temporary directory when None); engine: an engine already loaded, reused."""
     import tempfile

@@ -14,7 +14,8 @@ BOUNDED = {"k": "k", "max_cont_tokens": "max_cont_tokens", "probe_tokens": "prob
            "temperature": "cont_temperature", "top_p": "cont_top_p", "margin": "margin_threshold",
            "max_pivots_per_rollout": "max_pivots_per_rollout", "workers": "ray_workers",
            "gpu_memory_utilization": "gpu_memory_utilization", "max_model_len": "max_model_len"}
-FINITE = ("success_above", "grader_timeout")  # no runner parameter has them: finite, and the timeout positive
+# no runner parameter has them: finite, the timeout positive, the logprobs' temperature a sampling one
+FINITE = ("success_above", "grader_timeout", "logprobs_temperature")
 TOKEN_BOUND = next(f.metadata["hi"] for f in dataclasses.fields(schema.Params) if f.name == "max_trunk_tokens")
 
 
@@ -39,6 +40,10 @@ def check_bounds(settings) -> None:
             raise BadInput(f"{flag(name)} {value!r}: give a finite number")
     if settings.grader_timeout <= 0:
         raise BadInput(f"--grader-timeout {settings.grader_timeout:g}: give a positive number of seconds")
+    if settings.logprobs_temperature < schema.MIN_TEMPERATURE:
+        raise BadInput(f"--logprobs-temperature {settings.logprobs_temperature:g}: give the temperature the "
+                       f"logprobs were sampled at, at least {schema.MIN_TEMPERATURE:g} (greedy decoding keeps no "
+                       f"distribution to certify; leave the logprobs out)")
 
 
 def check_lengths(rollouts, context: int | None, settings, where: str) -> None:

@@ -44,6 +44,11 @@ def credit_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seeds", choices=["hash", "replay"], default="hash",
                     help="hash: from (id, position, arm, k, seed); replay: stage 03's, ids '<problem_id>:<rollout>'")
     ap.add_argument("--success-above", type=float, default=0.0, help="success is a score above this")
+    ap.add_argument("--grader-kind", choices=["auto", "verl", "trl", "openrlhf"], default="auto",
+                    help="how a MODULE:FUNCTION grader is called: auto (from its parameters), verl (compute_score), "
+                         "trl (reward function), openrlhf (reward_func(queries, prompts, labels))")
+    ap.add_argument("--logprobs-temperature", type=float, default=1.0,
+                    help="the temperature the rollouts' per-position logprobs were taken at (log softmax(logits/T))")
     ap.add_argument("--grader-timeout", type=float, default=DEFAULT_TIMEOUT,
                     help=f"seconds a call of a MODULE:FUNCTION grader may take ({DEFAULT_TIMEOUT:g})")
     return ap
@@ -77,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                             probe_tokens=a.probe_tokens, stop_at_answer=a.stop_at_answer, engine=a.engine,
                             device=a.device, dtype=a.dtype, invariant=a.invariant, seed=a.seed, seeds=a.seeds,
                             success_above=a.success_above, grader_timeout=a.grader_timeout, serving=a.serving,
+                            grader_kind=a.grader_kind, logprobs_temperature=a.logprobs_temperature,
                             gpu_memory_utilization=a.gpu_memory_utilization, max_model_len=a.max_model_len,
                             executor=a.executor, workers=a.workers, ray_address=a.ray_address)
         summary = run(a.rollouts, a.out, settings)

@@ -1,6 +1,9 @@
-"""Graders: this package's gsm8k rule, math-verify's ``math``, or a user's MODULE:FUNCTION with verl's
-signature ``compute_score(data_source, solution_str, ground_truth, extra_info=None)`` returning a number
-or a dict with ``score``. Success is score > success_above.
+"""Graders: this package's gsm8k rule (a GSM8K answer column, "... #### 72", is read as its number),
+math-verify's ``math``, or a user's MODULE:FUNCTION of one of three kinds, told from its parameters or
+given (--grader-kind): verl's ``compute_score(data_source, solution_str, ground_truth, extra_info)``
+returning a number or a dict with ``score``; a TRL reward function ``(prompts, completions, **kwargs)``
+returning a list of floats; an OpenRLHF-style ``reward_func(queries, prompts, labels)`` returning a
+tensor or list (or a dict with ``rewards``). Success is score > success_above.
 
 The built-in graders run in the tool's process. A user's runs in a process of its own
 (``grader_worker``), one call at a time: a call that takes longer than the timeout, ends its process
@@ -17,11 +20,13 @@ import sys
 import time
 from pathlib import Path
 
+from ..measure.data import gsm8k_gold
 from ..measure.grading import grade_gsm8k
-from .grader_calls import GraderFailed, as_score, call_grader, describe_failure  # noqa: F401
+from .grader_calls import KINDS, GraderFailed, as_score, call_grader, describe_failure, kind_of  # noqa: F401
 from .inputs import BadInput
 
 DEFAULT_TIMEOUT = 60.0  # seconds per call of a user's grader (--grader-timeout)
+START_TIMEOUT = 120.0  # seconds its process may take to start and import it (at least the call's timeout)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -32,7 +37,8 @@ def _math_verify(data_source, solution_str, ground_truth, extra_info=None) -> fl
 
 
 def _gsm8k(data_source, solution_str, ground_truth, extra_info=None) -> float:
-    return float(grade_gsm8k(solution_str, ground_truth))
+    """GSM8K's rule; a ground truth in GSM8K's own answer format (reasoning, then "#### 72") is its number."""
+    return float(grade_gsm8k(solution_str, gsm8k_gold(ground_truth) or ground_truth))
 
 
 BUILT_IN = {"gsm8k": _gsm8k, "math": _math_verify}
@@ -76,17 +82,18 @@ class GraderProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "replaylib.credit.grader_worker", self.spec, self.kind],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      env=env)
-        ready = self._reply("starting")
+        ready = self._reply("starting", max(self.timeout, START_TIMEOUT))
         if not ready.get("ready"):
             self.stop()
             raise GraderFailed(f"cannot be imported in its process ({ready.get('error')})")
 
-    def _reply(self, doing: str) -> dict:
+    def _reply(self, doing: str, timeout: float | None = None) -> dict:
+        timeout = self.timeout if timeout is None else timeout
         with selectors.DefaultSelector() as sel:
             sel.register(self.proc.stdout, selectors.EVENT_READ)
-            if not sel.select(self.timeout):
+            if not sel.select(timeout):
                 self.stop()
-                raise GraderFailed(f"took longer than {self.timeout:g} s {doing} (stopped; raise --grader-timeout if "
+                raise GraderFailed(f"took longer than {timeout:g} s {doing} (stopped; raise --grader-timeout if "
                                    f"it needs longer)")
         line = self.proc.stdout.readline()
         if not line:
@@ -118,24 +125,41 @@ _PROCESSES: dict = {}  # (spec, kind, timeout) -> the grader process this proces
 
 class Grader:
     """grade(text, rollout) -> 0 or 1, with GraderFailed naming the grader when it fails; stats counts the
-    calls, their seconds and what the grader printed."""
+    calls, their seconds and what the grader printed. decode(ids) -> text gives TRL- and OpenRLHF-style
+    graders the prompt's text."""
 
-    def __init__(self, spec: str, success_above: float, timeout: float = DEFAULT_TIMEOUT):
-        self.spec, self.success_above = spec, success_above
+    def __init__(self, spec: str, success_above: float, timeout: float = DEFAULT_TIMEOUT, kind: str = "auto",
+                 decode=None):
+        self.spec, self.success_above, self.decode = spec, success_above, decode
         self.fn = load(spec)
+        if kind not in ("auto", *KINDS):
+            raise BadInput(f"--grader-kind {kind}: choose auto, {', '.join(KINDS)}")
+        self.kind = "verl" if spec in BUILT_IN else kind_of(self.fn) if kind == "auto" else kind
         if spec in BUILT_IN:
             self.process = None
         else:
-            key = (spec, "verl", timeout)
-            self.process = _PROCESSES.get(key) or _PROCESSES.setdefault(key, GraderProcess(spec, "verl", timeout))
+            key = (spec, self.kind, timeout)
+            self.process = _PROCESSES.get(key) or _PROCESSES.setdefault(key, GraderProcess(spec, self.kind, timeout))
         self.stats = {"calls": 0, "seconds": 0.0, "printed_bytes": 0, "printed_head": ""}
+        self._prompts: dict = {}
+
+    def request(self, text: str, rollout) -> dict:
+        request = {"data_source": rollout.data_source, "solution_str": text, "ground_truth": rollout.ground_truth,
+                   "extra_info": rollout.extra_info}
+        if self.kind != "verl":
+            key = tuple(rollout.prompt_ids)
+            if key not in self._prompts:
+                self._prompts[key] = self.decode(rollout.prompt_ids) if self.decode else ""
+            request.update(prompt=self._prompts[key], columns=rollout.columns or {},
+                           ground_truth_name=rollout.ground_truth_name)
+        return request
 
     def __call__(self, text: str, rollout) -> int:
-        request = {"data_source": rollout.data_source, "solution_str": text, "ground_truth": rollout.ground_truth}
+        request = self.request(text, rollout)
         started = time.perf_counter()
         try:
             if self.process is None:
-                score = call_grader(self.fn, "verl", request)
+                score = call_grader(self.fn, self.kind, request)
             else:
                 score, printed, head = self.process(request)
                 self.stats["printed_bytes"] += printed
@@ -150,16 +174,17 @@ class Grader:
         return int(score > self.success_above)
 
 
-def for_settings(settings) -> Grader:
-    return Grader(settings.grader, settings.success_above, settings.grader_timeout)
+def for_settings(settings, decode=None) -> Grader:
+    return Grader(settings.grader, settings.success_above, settings.grader_timeout, settings.grader_kind, decode)
 
 
 def scorer(fn, spec: str, success_above: float):
-    """grade(text, rollout) -> 0 or 1 for a scoring function called in this process (tests, notebooks)."""
+    """grade(text, rollout) -> 0 or 1 for a verl-style scoring function called in this process (tests,
+    notebooks)."""
     def grade(text: str, rollout) -> int:
         try:
             score = call_grader(fn, "verl", {"data_source": rollout.data_source, "solution_str": text,
-                                             "ground_truth": rollout.ground_truth})
+                                             "ground_truth": rollout.ground_truth, "extra_info": rollout.extra_info})
         except Exception as e:  # noqa: BLE001 - the user's grader: reported, not trusted
             raise GraderFailed(f"--grader {spec} {describe_failure(e)}") from None
         return int(score > success_above)

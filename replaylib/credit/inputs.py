@@ -2,10 +2,10 @@
 OpenRLHF dumps (docs/credit.md). Every problem is one line naming the file, the line and the field."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
-import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +19,15 @@ ALIASES = {
     "response_ids": ("response_ids", "completion_ids", "responses", "output_token_ids"),
     "ground_truth": ("ground_truth", "reward_model.ground_truth", "label", "answer"),
     "data_source": ("data_source",),
+    "extra_info": ("extra_info",),
     "top_logprobs": ("top_logprobs",),
+    # the sampler's logprob of each response token (verl's rollout_log_probs, TRL's sampling_per_token_logps)
+    "logprobs": ("logprobs", "rollout_log_probs", "sampling_per_token_logps"),
     "positions": ("positions",),
 }
+MASKS = ("attention_mask", "prompt_mask", "completion_mask", "response_mask")
+# the line's fields the tool reads itself; the others are columns, handed to TRL-style graders
+READ = {name.split(".")[0] for names in ALIASES.values() for name in names} | set(MASKS)
 
 
 # a rollout at the runner's bounds (32768 prompt and 32768 response tokens, a top-20 per position) is under
@@ -45,6 +51,11 @@ class Rollout:
     top_logprobs: list | None
     positions: list[int] | None
     digest: str  # sha256 of the line's fields as read: a shard is reused only for the same rollout
+    logprobs: list[float] | None = None  # per response position, the sampled token's (at --logprobs-temperature)
+    extra_info: object = None  # verl's extra_info, handed to its compute_score as given
+    columns: dict | None = None  # the line's other fields (a dataset's columns), for TRL-style graders
+    # the name the ground truth was read from (TRL-style graders get it under that name)
+    ground_truth_name: str = dataclasses.field(default="ground_truth", compare=False)
 
 
 def _lookup(obj: dict, name: str):
@@ -61,9 +72,13 @@ def _is_text(value) -> bool:
 
 
 def _field(obj: dict, field: str, where: str):
-    """The field under the first of its names present; two names present with different values are refused
-    (which one a dump meant is not ours to guess). For token ids a name holding text (TRL's prompts column
-    beside its prompt_ids) is not a second value."""
+    return _named_field(obj, field, where)[1]
+
+
+def _named_field(obj: dict, field: str, where: str) -> tuple[str | None, object]:
+    """(name, value) of the field under the first of its names present; two names present with different
+    values are refused (which one a dump meant is not ours to guess). For token ids a name holding text
+    (TRL's prompts column beside its prompt_ids) is not a second value."""
     found = [(name, value) for name in ALIASES[field] if (value := _lookup(obj, name)) is not None]
     if field in ("prompt_ids", "response_ids") and any(not _is_text(v) for _, v in found):
         found = [(name, value) for name, value in found if not _is_text(value)]
@@ -71,7 +86,7 @@ def _field(obj: dict, field: str, where: str):
         if _canonical(value) != _canonical(found[0][1]):
             raise BadInput(f"{where}: fields '{found[0][0]}' and '{name}' both give the {field.replace('_', ' ')} and "
                            f"differ; keep one of them")
-    return found[0][1] if found else None
+    return found[0] if found else (None, None)
 
 
 def _canonical(value) -> str:
@@ -110,21 +125,38 @@ def _top_logprobs(value, where: str, n: int, vocab: int) -> list:
     return value
 
 
-def _unpadded(obj: dict, prompt, response, where: str):
+def _logprobs(value, where: str, name: str, n: int) -> list[float]:
+    if (not isinstance(value, list) or len(value) != n
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)):
+        raise BadInput(f"{where}: field '{name}' must hold one logprob (a number) per response token ({n}): the "
+                       f"sampled token's, at the temperature it was sampled at (--logprobs-temperature)")
+    bad = next((x for x in value if not math.isfinite(x)), None)
+    if bad is not None:
+        raise BadInput(f"{where}: field '{name}' holds logprob {bad}; every logprob must be a finite number")
+    return [float(x) for x in value]
+
+
+def _unpadded(obj: dict, prompt, response, where: str, per_token=None):
     """Padded batches as dumped: verl's attention_mask over prompts + responses, TRL's prompt_mask and
-    completion_mask; the tokens where a mask is 0 are padding and are dropped."""
+    completion_mask; the tokens where a mask is 0 are padding and are dropped, and so are the per-token
+    logprobs (per_token, response-aligned) at those positions."""
+    if per_token is not None and isinstance(response, list) and isinstance(per_token, list) \
+            and len(per_token) == len(response):
+        response = [(t, lp) for t, lp in zip(response, per_token)]
+        prompt, pairs = _unpadded(obj, prompt, response, where)
+        return prompt, [t for t, _ in pairs], [lp for _, lp in pairs]
     masks = []
     if obj.get("attention_mask") is not None and isinstance(prompt, list) and isinstance(response, list):
         mask = obj["attention_mask"]
         if not isinstance(mask, list) or len(mask) != len(prompt) + len(response):
             raise BadInput(f"{where}: field 'attention_mask' must have one 0 or 1 per prompt and response token "
                            f"({len(prompt) + len(response)})")
-        masks = [("attention_mask", mask[:len(prompt)], mask[len(prompt):])]
+        masks = [(("attention_mask", "attention_mask"), mask[:len(prompt)], mask[len(prompt):])]
     elif obj.get("prompt_mask") is not None or obj.get("completion_mask") is not None:
-        masks = [("prompt_mask", obj.get("prompt_mask"), obj.get("completion_mask"))]
-    for name, pm, rm in masks:
+        masks = [(("prompt_mask", "completion_mask"), obj.get("prompt_mask"), obj.get("completion_mask"))]
+    for names, pm, rm in masks:
         kept = []
-        for ids, m, part in ((prompt, pm, "prompt"), (response, rm, "response")):
+        for ids, m, part, name in ((prompt, pm, "prompt", names[0]), (response, rm, "response", names[1])):
             if m is None:
                 kept.append(ids)
                 continue
@@ -133,7 +165,7 @@ def _unpadded(obj: dict, prompt, response, where: str):
                 raise BadInput(f"{where}: field '{name}' does not match the {part}'s tokens one 0 or 1 each")
             kept.append([t for t, keep in zip(ids, m) if keep])
         prompt, response = kept
-    return prompt, response
+    return (prompt, response) if per_token is None else (prompt, response, per_token)
 
 
 def _loads(text: str, where: str):
@@ -178,10 +210,13 @@ def parse_record(obj, where: str, vocab: int) -> Rollout:
     rid = _field(obj, "id", where)
     if not (_is_int(rid) or (isinstance(rid, str) and rid)):
         raise BadInput(f"{where}: field 'id' is missing or not a string or integer; give each rollout an id")
-    prompt, response = _unpadded(obj, _field(obj, "prompt_ids", where), _field(obj, "response_ids", where), where)
+    lp_name, logprobs = _named_field(obj, "logprobs", where)
+    prompt, response, *rest = _unpadded(obj, _field(obj, "prompt_ids", where), _field(obj, "response_ids", where),
+                                        where, logprobs)
     prompt = _token_ids(prompt, where, "prompt_ids", vocab)
     response = _token_ids(response, where, "response_ids", vocab)
-    gold = _field(obj, "ground_truth", where)
+    logprobs = None if logprobs is None else _logprobs(rest[0] if rest else logprobs, where, lp_name, len(response))
+    gold_name, gold = _named_field(obj, "ground_truth", where)
     if not isinstance(gold, (str, int, float)) or isinstance(gold, bool) or gold == "":
         raise BadInput(f"{where}: field 'ground_truth' is missing or not a string; give the reference answer")
     if isinstance(gold, float) and not math.isfinite(gold):
@@ -201,9 +236,14 @@ def parse_record(obj, where: str, vocab: int) -> Rollout:
             raise BadInput(f"{where}: field 'positions' holds {bad}, past the response ({len(response)} tokens); "
                            f"give positions in [0, {len(response)})")
         positions = sorted(set(positions))
+    extra_info = _field(obj, "extra_info", where)
+    columns = {k: v for k, v in obj.items() if k not in READ}
     fields = [rid, prompt, response, str(gold), source, top, positions]
+    if logprobs is not None or extra_info is not None or columns:  # (a plain rollout keeps its digest)
+        fields += [logprobs, extra_info, columns]
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
-    return Rollout(0, rid, prompt, response, str(gold), source, top, positions, digest)
+    return Rollout(0, rid, prompt, response, str(gold), source, top, positions, digest, logprobs, extra_info,
+                   columns, (gold_name or "ground_truth").split(".")[-1])
 
 
 def check_file(path: Path) -> None:
@@ -242,7 +282,7 @@ def _lines(path: Path):
         raise BadInput(f"{path}: cannot be read ({e.strerror or e}); give a JSONL file of rollouts") from None
 
 
-def _collect(numbered, source: str, vocab: int) -> list[Rollout]:
+def collect(numbered, source: str, vocab: int) -> list[Rollout]:
     """Rollouts from (line number, JSON text or object) pairs, ids unique; BadInput for the first bad one."""
     rollouts, seen = [], {}
     for n, item in numbered:
@@ -264,14 +304,4 @@ def read_rollouts(path: Path, vocab: int) -> list[Rollout]:
     """Every rollout of a JSONL file (blank lines skipped), or BadInput for the first bad line."""
     path = Path(path)
     check_file(path)
-    return _collect(_lines(path), str(path), vocab)
-
-
-def read_input(source, vocab: int) -> tuple[str, list[Rollout]]:
-    """(what errors name, the rollouts) of a JSONL path, or of rollout dicts given in Python (named batch:N,
-    N counting from 1); nothing is written."""
-    if isinstance(source, (str, os.PathLike)):
-        return str(source), read_rollouts(Path(source), vocab)
-    if isinstance(source, dict) or not hasattr(source, "__iter__"):
-        raise BadInput(f"rollouts: a {type(source).__name__}; give a JSONL path or a list of rollout dicts")
-    return "batch", _collect(enumerate(source, 1), "batch", vocab)
+    return collect(_lines(path), str(path), vocab)

@@ -6,6 +6,7 @@ a group computes never depends on where it ran."""
 from __future__ import annotations
 
 import hashlib
+import inspect
 import io
 import json
 import logging
@@ -18,11 +19,14 @@ import pandas as pd
 from ..core import progress
 from ..core.files import atomic_save, atomic_write_bytes, atomic_write_json, sha256_file
 from ..measure import credit as kernel
+from ..measure.credit_certificate import Observer, certificate
 from ..measure.engine import EngineUnavailable, PassSettings
 from ..runtime import rundir
-from . import graders
+from . import graders, timings
 from .checks import check_bounds, check_lengths, model_context
-from .inputs import BadInput, read_input
+from .diagnostics import plan_line, warnings
+from .batches import read_input
+from .inputs import BadInput
 from .outdir import check_out, holding
 
 log = logging.getLogger("replaylib")
@@ -52,6 +56,8 @@ class Settings:
     seeds: str = "hash"
     success_above: float = 0.0
     grader_timeout: float = graders.DEFAULT_TIMEOUT  # seconds per call of a user's grader
+    grader_kind: str = "auto"  # how a user's grader is called: auto (from its parameters), verl, trl, openrlhf
+    logprobs_temperature: float = 1.0  # the temperature per-position logprobs were taken at
     serving: str = "multiprocess"  # vLLM: its default multi-process engine (as pipelines run it) or in-process
     gpu_memory_utilization: float = 0.9  # vLLM
     max_model_len: int = 4096  # vLLM
@@ -75,6 +81,8 @@ class Settings:
                            "leave it out, or use --engine hf")
         if self.executor not in ("local", "ray"):
             raise BadInput(f"--executor {self.executor}: choose local or ray")
+        if self.grader_kind not in ("auto", *graders.KINDS):
+            raise BadInput(f"--grader-kind {self.grader_kind}: choose auto, {', '.join(graders.KINDS)}")
 
     def key(self) -> str:
         what = {k: v for k, v in asdict(self).items() if k not in WHERE + ("grader_timeout",)}
@@ -169,6 +177,12 @@ def context_of(engine) -> int | None:
     return getattr(config, "max_model_len", None)
 
 
+def observes(engine) -> bool:
+    """Whether the engine's forced decoding hands its logits to an observer (transformers' does; vLLM's
+    returns its top-k only)."""
+    return "observe" in inspect.signature(engine.force_trunks).parameters
+
+
 def describe(engine) -> dict:
     return engine.describe()
 
@@ -198,12 +212,14 @@ def groups_of(rollouts: list) -> list[list]:
 
 def group_rows(engine, group: list, settings: Settings, path: str) -> tuple[list[dict], dict]:
     """One group's rows and timing: forced decoding, pivots, passes, certificates (runs where the engine is)."""
-    grade = graders.for_settings(settings)
+    grade = graders.for_settings(settings, engine.decode)
     # as wide a top-k as was recorded, so that every recorded entry has its counterpart
     width = max([TOP_K, *(len(step) for r in group for step in r.top_logprobs or [])])
     timing = {}
     started = time.perf_counter()
-    trunks, state = engine.force_trunks(group[0].prompt_ids, [r.response_ids for r in group], width)
+    # where the engine hands out its logits, what the certificates compare with is kept at every step
+    observe = {"observe": Observer(width, settings.logprobs_temperature)} if observes(engine) else {}
+    trunks, state = engine.force_trunks(group[0].prompt_ids, [r.response_ids for r in group], width, **observe)
     timing["forced decoding"] = {"seconds": time.perf_counter() - started,
                                  "tokens": sum(len(r.response_ids) for r in group)}
     pivots, seeds = [], []
@@ -229,10 +245,10 @@ def group_rows(engine, group: list, settings: Settings, path: str) -> tuple[list
     out = []
     for r, trunk, found, rollout_rows in zip(group, trunks, pivots, rows):
         for p, row in zip(found, rollout_rows):
-            cert = kernel.certificate(r.top_logprobs, trunk.topk_ids, trunk.topk_logprobs, p["position"])
+            cert = certificate(r.top_logprobs, r.logprobs, trunk, p["position"])
             out.append({"id": str(r.id), "line": r.line, "prompt": prompt_digest(r.prompt_ids), **p,
                         "margin_source": "recorded" if r.top_logprobs else "forced", "k": settings.k, **row,
-                        "certificate": cert})
+                        **cert})
     return out, timing
 
 
@@ -319,11 +335,11 @@ def run(rollouts, out, settings: Settings, engine=None) -> dict:
     from .report import report_html
     settings.check()
     out = check_out(out)
-    grade = graders.for_settings(settings)
     if engine is not None:
         tok, vocab, context = engine.tok, vocab_of(engine), context_of(engine)
     else:
         tok, vocab, context = model_files(settings)
+    grade = graders.for_settings(settings, lambda ids: tok.decode(ids, skip_special_tokens=True))
     path, rollouts = read_input(rollouts, vocab)
     check_seeds(rollouts, settings, path)
     check_lengths(rollouts, context, settings, path)
@@ -344,13 +360,17 @@ def run(rollouts, out, settings: Settings, engine=None) -> dict:
             shards.dir.mkdir(parents=True, exist_ok=True)
             frames = {i: shards.get(g) for i, g in enumerate(groups)}
             todo = [(f"group {i}", (group, settings, path)) for i, group in enumerate(groups) if frames[i] is None]
+            log.info(plan_line(groups, [i for i, f in frames.items() if f is None], settings))
             bar = progress.bar(shards.dir, "credit", len(rollouts), "rollout")
             bar.update(sum(len(groups[i]) for i, f in frames.items() if f is not None))
-            timing = []
+            timing = [{"group": i, "rollouts": len(groups[i]), "reused": True,
+                       "passes": timings.load(shards.dir / shards.name(groups[i]))}
+                      for i, f in frames.items() if f is not None]
             try:
                 for label, (rows, spent) in executor.map(group_rows, todo, ordered=False):
                     i = int(label.split()[1])
                     frames[i] = shards.put(groups[i], pd.DataFrame(rows))
+                    timings.save(shards.dir / shards.name(groups[i]), spent)
                     timing.append({"group": i, "rollouts": len(groups[i]), "passes": spent})
                     bar.update(len(groups[i]))
             except BadInput as e:  # from a Ray actor it carries the actor's traceback: the one line is its cause's
@@ -363,37 +383,14 @@ def run(rollouts, out, settings: Settings, engine=None) -> dict:
         frame = pd.concat(parts, ignore_index=True).sort_values(["line", "position"], kind="stable") \
             .reset_index(drop=True) if parts else pd.DataFrame()
         summary = summarize(frame, settings, len(rollouts), described)
-        summary["grader"] = grader_totals(timing)
+        summary["grader"] = timings.grader_totals(timing)
+        summary["warnings"] = warnings(frame, settings)
+        for line in summary["warnings"]:
+            log.warning("warning: %s", line)
         atomic_save(out / "credit.parquet", lambda tmp: frame.to_parquet(tmp, index=False))
         atomic_write_json(out / "summary.json", summary)
-        atomic_write_json(out / "timing.json", throughput(timing, settings))
-        atomic_write_bytes(out / "report.html", report_html(frame, summary).encode())
+        atomic_write_json(out / "timing.json", timings.throughput(timing, settings))
+        page = report_html(frame, summary, {str(r.id): r for r in rollouts},
+                           lambda ids: tok.decode(ids, skip_special_tokens=True))
+        atomic_write_bytes(out / "report.html", page.encode())
     return summary
-
-
-def grader_totals(timing: list[dict]) -> dict:
-    """What the grader did in the groups this run computed: calls, seconds, bytes it printed (never shown)
-    and their first characters."""
-    found = [g["passes"].get("grader", {}) for g in timing]
-    return {"calls": sum(f.get("calls", 0) for f in found),
-            "seconds": round(sum(f.get("seconds", 0.0) for f in found), 3),
-            "printed_bytes": sum(f.get("printed_bytes", 0) for f in found),
-            "printed_head": next((f["printed_head"] for f in found if f.get("printed_head")), "")}
-
-
-def throughput(timing: list[dict], settings: Settings) -> dict:
-    """The decode rate of what this run computed (groups reused from shards are not in it): per pass (and the
-    forced decoding), seconds, tokens decoded and tokens per second; and each group's."""
-    total: dict = {}
-    for group in timing:
-        for name, spent in group["passes"].items():
-            if name == "grader":  # not a decode: summary.json's grader entry
-                continue
-            acc = total.setdefault(name, {"seconds": 0.0, "tokens": 0})
-            acc["seconds"] += spent["seconds"]
-            acc["tokens"] += spent["tokens"]
-    return {"executor": settings.executor, "workers": settings.workers, "invariant": settings.invariant,
-            "passes": {name: {"seconds": round(t["seconds"], 3), "tokens": int(t["tokens"]),
-                              "tokens_per_s": round(t["tokens"] / t["seconds"], 1) if t["seconds"] else None}
-                       for name, t in sorted(total.items())},
-            "groups": timing}
