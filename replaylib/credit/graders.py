@@ -106,8 +106,11 @@ class GraderProcess:
         """(score, bytes printed, their first characters), or GraderFailed."""
         if self.proc is None:
             self._start()
-        self.proc.stdin.write((json.dumps(request) + "\n").encode())
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:  # it ended since its last call: its exit status is the error
+            pass
         answer = self._reply("grading")
         if answer.get("error"):
             raise GraderFailed(answer["error"])
