@@ -105,3 +105,28 @@ def test_per_token_logprobs_without_the_engine_s_logits_are_not_comparable():
     forced = SimpleNamespace(topk_ids=[[4, 5]], topk_logprobs=[[-0.5, -1.5]], observed=None)
     assert certificate(None, [-0.5], forced, 0)["certificate"] == "not comparable"
     assert certificate([[[4, -0.5], [5, -1.5]]], [-0.5], forced, 0)["certificate"] == "bit-exact"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("os").environ.get("REPLAYLIB_SLOW") != "1", reason="set REPLAYLIB_SLOW=1")
+def test_generate_s_rollouts_on_the_embedded_model_are_within_arithmetic():
+    """The embedded model (bf16, CPU): two 40-token rollouts of plain generate(), top-5 from log_softmax of its
+    output_logits and per-token logprobs at T, against the engine's forced decode of the same model object."""
+    from replaylib.measure.engine_hf import HFEngine
+    from replaylib.measure.models import resolve_model
+    engine = HFEngine(resolve_model("embedded:qwen2.5-coder-0.5b-instruct"), "cpu", "bfloat16")
+    prompt = engine.prompt_ids("Tom has 3 apples and buys 4 more. How many apples does he have?",
+                               "\nPlease reason step by step, and put your final answer within \\boxed{}.")
+    torch.manual_seed(0)
+    out = engine.model.generate(torch.tensor([prompt] * 2), attention_mask=torch.ones(2, len(prompt), dtype=torch.long),
+                                do_sample=True, temperature=T, top_p=1.0, top_k=0, max_new_tokens=40,
+                                output_logits=True, return_dict_in_generate=True, pad_token_id=engine.pad_id)
+    responses = [out.sequences[b, len(prompt):].tolist() for b in range(2)]
+    trunks, _ = engine.force_trunks(prompt, responses, 5, observe=Observer(5, T))
+    for b, trunk in enumerate(trunks):
+        steps = [step[b].float() for step in out.logits]
+        top = [[[int(i), float(v)] for v, i in zip(*torch.log_softmax(lg, dim=-1).topk(5))] for lg in steps]
+        per_token = [float(torch.log_softmax(lg / T, dim=-1)[t]) for lg, t in zip(steps, responses[b])]
+        last = len(responses[b]) - 1
+        assert certificate(top, None, trunk, last)["certificate"] in ("bit-exact", "within arithmetic")
+        assert certificate(None, per_token, trunk, last)["certificate"] in ("bit-exact", "within arithmetic")
