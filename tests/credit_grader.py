@@ -19,3 +19,55 @@ def fails_on_bad_source(data_source, solution_str, ground_truth, extra_info=None
     if data_source == "bad":
         raise KeyError("no such field")
     return 0.0
+
+
+def sleeps(data_source, solution_str, ground_truth, extra_info=None):
+    """Never returns (the tool's per-call timeout must stop it)."""
+    import time
+    time.sleep(3600)
+
+
+def exits(data_source, solution_str, ground_truth, extra_info=None):
+    import sys
+    sys.exit(0)
+
+
+def not_a_number(data_source, solution_str, ground_truth, extra_info=None):
+    return float("nan")
+
+
+def chatty(data_source, solution_str, ground_truth, extra_info=None):
+    """Prints 200 kB to each stream per call, then scores as compute_score does."""
+    import sys
+    print("x" * 100_000)
+    print("y" * 100_000, file=sys.stderr)
+    return compute_score(data_source, solution_str, ground_truth)
+
+
+def needs_extra_info(data_source, solution_str, ground_truth, extra_info=None):
+    """verl's compute_score reading the row's extra_info (verl hands it the dataset's extra_info dict)."""
+    if not isinstance(extra_info, dict):
+        raise TypeError(f"extra_info is {extra_info!r}, not the rollout's")
+    return float(extra_info["index"] % 2 == 0)
+
+
+def trl_reward(prompts, completions, answer, **kwargs):
+    """A TRL reward function: lists in, one float per completion out; the dataset's columns as keywords."""
+    if not all(isinstance(p, str) for p in prompts) or "difficulty" not in kwargs:
+        raise TypeError("prompts must be text and every column a keyword")
+    return [float(a[:1] in c) for c, a in zip(completions, answer)]
+
+
+def openrlhf_reward(queries, prompts, labels):
+    """OpenRLHF's reward_func: queries are prompt + response, a tensor of rewards out."""
+    import torch
+    return torch.tensor([float(lab[:1] in q[len(p):]) for q, p, lab in zip(queries, prompts, labels)])
+
+
+def odd_names(source, text, gold, extra=None):
+    """verl's order under other names."""
+    return float(gold[:1] in text)
+
+
+def never(data_source, solution_str, ground_truth, extra_info=None):
+    return 0.0

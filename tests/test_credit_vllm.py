@@ -76,8 +76,10 @@ def test_perturbed_recorded_logprobs_are_not_certified(tmp_path):
     for r in rows:
         r["top_logprobs"][0][0][1] += 1e-3
     run(write(tmp_path / "r.jsonl", rows), tmp_path / "out", Settings(**SETTINGS), engine=engine)
-    certs = set(pd.read_parquet(tmp_path / "out" / "credit.parquet")["certificate"])
-    assert "bit-exact" not in certs and all(c.startswith("max |diff| 0.001") for c in certs), certs
+    frame = pd.read_parquet(tmp_path / "out" / "credit.parquet")
+    # vLLM returns no logits, so no arithmetic bound: what is not bit-exact differs
+    assert set(frame["certificate"]) == {"differs"} and frame["certificate_bound_used"].isna().all()
+    assert frame["certificate_max_diff"].between(0.0009, 0.0011).all(), frame["certificate_max_diff"]
 
 
 def test_a_run_whose_forcing_was_not_in_effect_stops(tmp_path, capsys):

@@ -10,22 +10,17 @@ from __future__ import annotations
 
 
 def estimate(rollouts, model: str, grader: str = "gsm8k", out=None, engine=None, **options):
-    """Credit per pivot, as credit.parquet holds it, for rollouts given as a JSONL path or as a list of
-    rollout dicts (the fields of docs/credit.md). options: the settings of ``tool.Settings`` (k, margin,
+    """Credit per pivot, as credit.parquet holds it, for rollouts given as a JSONL path or as a batch read in
+    memory: a list of rollout dicts, a mapping of per-row tensors or arrays (TRL's), a verl DataProto
+    (replaylib.credit.batches; the fields of docs/credit.md). options: the settings of ``tool.Settings`` (k, margin,
     passes, max_cont_tokens, device, seed, ...); out: where credit.parquet, summary.json, report.html and
     the shards go (a new temporary directory when None); engine: an engine already loaded, reused."""
-    import json
     import tempfile
     from pathlib import Path
 
     import pandas as pd
 
-    from ..core.files import atomic_write_bytes
     from .tool import Settings, run
     work = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="replaylib-credit-"))
-    path = rollouts
-    if not isinstance(rollouts, (str, Path)):
-        path = work / "rollouts.jsonl"
-        atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in rollouts).encode())
-    run(path, work, Settings(model=model, grader=grader, **options), engine=engine)
+    run(rollouts, work, Settings(model=model, grader=grader, **options), engine=engine)
     return pd.read_parquet(work / "credit.parquet")

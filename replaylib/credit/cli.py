@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .graders import DEFAULT_TIMEOUT
 from .inputs import BadInput
 
 
@@ -43,6 +44,13 @@ def credit_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seeds", choices=["hash", "replay"], default="hash",
                     help="hash: from (id, position, arm, k, seed); replay: stage 03's, ids '<problem_id>:<rollout>'")
     ap.add_argument("--success-above", type=float, default=0.0, help="success is a score above this")
+    ap.add_argument("--grader-kind", choices=["auto", "verl", "trl", "openrlhf"], default="auto",
+                    help="how a MODULE:FUNCTION grader is called: auto (from its parameters), verl (compute_score), "
+                         "trl (reward function), openrlhf (reward_func(queries, prompts, labels))")
+    ap.add_argument("--logprobs-temperature", type=float, default=1.0,
+                    help="the temperature the rollouts' per-position logprobs were taken at (log softmax(logits/T))")
+    ap.add_argument("--grader-timeout", type=float, default=DEFAULT_TIMEOUT,
+                    help=f"seconds a call of a MODULE:FUNCTION grader may take ({DEFAULT_TIMEOUT:g})")
     return ap
 
 
@@ -73,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
                             max_cont_tokens=a.max_cont_tokens, temperature=a.temperature, top_p=a.top_p,
                             probe_tokens=a.probe_tokens, stop_at_answer=a.stop_at_answer, engine=a.engine,
                             device=a.device, dtype=a.dtype, invariant=a.invariant, seed=a.seed, seeds=a.seeds,
-                            success_above=a.success_above, serving=a.serving,
+                            success_above=a.success_above, grader_timeout=a.grader_timeout, serving=a.serving,
+                            grader_kind=a.grader_kind, logprobs_temperature=a.logprobs_temperature,
                             gpu_memory_utilization=a.gpu_memory_utilization, max_model_len=a.max_model_len,
                             executor=a.executor, workers=a.workers, ray_address=a.ray_address)
         summary = run(a.rollouts, a.out, settings)
@@ -88,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{summary['pivots']} pivots; sign of A differs from resume's: replica {show(floor)} (the floor), "
           f"refeed {show(refeed)}; certificates: {certs}{flagged}; {a.out}/credit.parquet, summary.json, "
           f"timing.json, report.html")
+    printed = summary.get("grader", {}).get("printed_bytes", 0)
+    if printed:
+        print(f"the grader printed {printed} bytes over {summary['grader']['calls']} calls (not shown; the first "
+              f"characters are summary.json's grader.printed_head)")
     if summary.get("invariant_ok") is False:
         print(f"error: --invariant: the passes' continuations differ at {summary['pivots'] - summary['passes_agree']} "
               f"pivots, where invariant mode must make them identical", file=sys.stderr)

@@ -1,17 +1,33 @@
-"""Graders: this package's gsm8k rule, math-verify's ``math``, or a user's MODULE:FUNCTION with verl's
-signature ``compute_score(data_source, solution_str, ground_truth, extra_info=None)`` returning a number
-or a dict with ``score``. Success is score > success_above."""
+"""Graders: this package's gsm8k rule (a GSM8K answer column, "... #### 72", is read as its number),
+math-verify's ``math``, or a user's MODULE:FUNCTION of one of three kinds, told from its parameters or
+given (--grader-kind): verl's ``compute_score(data_source, solution_str, ground_truth, extra_info)``
+returning a number or a dict with ``score``; a TRL reward function ``(prompts, completions, **kwargs)``
+returning a list of floats; an OpenRLHF-style ``reward_func(queries, prompts, labels)`` returning a
+tensor or list (or a dict with ``rewards``). Success is score > success_above.
+
+The built-in graders run in the tool's process. A user's runs in a process of its own
+(``grader_worker``), one call at a time: a call that takes longer than the timeout, ends its process
+(sys.exit included) or returns something that is not a finite score is an error naming the grader and
+the rollout; what it prints is counted, never shown."""
 from __future__ import annotations
 
 import importlib
-import numbers
+import json
+import os
+import selectors
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+from ..measure.data import gsm8k_gold
 from ..measure.grading import grade_gsm8k
+from .grader_calls import KINDS, GraderFailed, as_score, call_grader, describe_failure, kind_of  # noqa: F401
 from .inputs import BadInput
 
-
-class GraderFailed(RuntimeError):
-    """The grader raised or returned something that is not a score."""
+DEFAULT_TIMEOUT = 60.0  # seconds per call of a user's grader (--grader-timeout)
+START_TIMEOUT = 120.0  # seconds its process may take to start and import it (at least the call's timeout)
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _math_verify(data_source, solution_str, ground_truth, extra_info=None) -> float:
@@ -21,7 +37,8 @@ def _math_verify(data_source, solution_str, ground_truth, extra_info=None) -> fl
 
 
 def _gsm8k(data_source, solution_str, ground_truth, extra_info=None) -> float:
-    return float(grade_gsm8k(solution_str, ground_truth))
+    """GSM8K's rule; a ground truth in GSM8K's own answer format (reasoning, then "#### 72") is its number."""
+    return float(grade_gsm8k(solution_str, gsm8k_gold(ground_truth) or ground_truth))
 
 
 BUILT_IN = {"gsm8k": _gsm8k, "math": _math_verify}
@@ -42,25 +59,136 @@ def load(spec: str):
         raise BadInput(f"--grader {spec!r}: give gsm8k, math or MODULE:FUNCTION")
     try:
         fn = getattr(importlib.import_module(module), name)
-    except Exception as e:  # noqa: BLE001 - any failure to import is the user's grader's, named in one line
-        raise BadInput(f"--grader {spec}: cannot import it ({e.__class__.__name__}: {str(e)[:120]}); "
-                       f"check the module is on PYTHONPATH and defines {name}") from None
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - any failure to import is the user's grader's, in one line
+        raise BadInput(f"--grader {spec}: cannot import it ({describe_failure(e)}); check the module is on "
+                       f"PYTHONPATH and defines {name}") from None
     if not callable(fn):
         raise BadInput(f"--grader {spec}: {name} is not a function")
     return fn
 
 
+class GraderProcess:
+    """A user's grader in a process of its own, started on first use and again after it was stopped."""
+
+    def __init__(self, spec: str, kind: str, timeout: float):
+        self.spec, self.kind, self.timeout, self.proc = spec, kind, timeout, None
+
+    def _start(self) -> None:
+        # the grader is imported as this process imported it: this package, the working directory, and the
+        # entries of sys.path that are not the interpreter's own
+        own = tuple(p for p in {sys.prefix, sys.base_prefix} if p)
+        paths = [str(REPO_ROOT), os.getcwd(), *(p for p in sys.path if p and not p.startswith(own))]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys(paths)))
+        self.proc = subprocess.Popen([sys.executable, "-m", "replaylib.credit.grader_worker", self.spec, self.kind],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     env=env)
+        ready = self._reply("starting", max(self.timeout, START_TIMEOUT))
+        if not ready.get("ready"):
+            self.stop()
+            raise GraderFailed(f"cannot be imported in its process ({ready.get('error')})")
+
+    def _reply(self, doing: str, timeout: float | None = None) -> dict:
+        timeout = self.timeout if timeout is None else timeout
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            if not sel.select(timeout):
+                self.stop()
+                raise GraderFailed(f"took longer than {timeout:g} s {doing} (stopped; raise --grader-timeout if "
+                                   f"it needs longer)")
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait()
+            self.proc = None
+            raise GraderFailed(f"ended its process while {doing} (exit status {code})")
+        return json.loads(line)
+
+    def __call__(self, request: dict) -> tuple[float, int, str]:
+        """(score, bytes printed, their first characters), or GraderFailed."""
+        if self.proc is None:
+            self._start()
+        try:
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:  # it ended since its last call: its exit status is the error
+            pass
+        answer = self._reply("grading")
+        if answer.get("error"):
+            raise GraderFailed(answer["error"])
+        return as_score(answer["score"]), answer["printed"], answer["head"]
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+_PROCESSES: dict = {}  # (spec, kind, timeout) -> the grader process this process uses
+
+
+class Grader:
+    """grade(text, rollout) -> 0 or 1, with GraderFailed naming the grader when it fails; stats counts the
+    calls, their seconds and what the grader printed. decode(ids) -> text gives TRL- and OpenRLHF-style
+    graders the prompt's text."""
+
+    def __init__(self, spec: str, success_above: float, timeout: float = DEFAULT_TIMEOUT, kind: str = "auto",
+                 decode=None):
+        self.spec, self.success_above, self.decode = spec, success_above, decode
+        self.fn = load(spec)
+        if kind not in ("auto", *KINDS):
+            raise BadInput(f"--grader-kind {kind}: choose auto, {', '.join(KINDS)}")
+        self.kind = "verl" if spec in BUILT_IN else kind_of(self.fn) if kind == "auto" else kind
+        if spec in BUILT_IN:
+            self.process = None
+        else:
+            key = (spec, self.kind, timeout)
+            self.process = _PROCESSES.get(key) or _PROCESSES.setdefault(key, GraderProcess(spec, self.kind, timeout))
+        self.stats = {"calls": 0, "seconds": 0.0, "printed_bytes": 0, "printed_head": ""}
+        self._prompts: dict = {}
+
+    def request(self, text: str, rollout) -> dict:
+        request = {"data_source": rollout.data_source, "solution_str": text, "ground_truth": rollout.ground_truth,
+                   "extra_info": rollout.extra_info}
+        if self.kind != "verl":
+            key = tuple(rollout.prompt_ids)
+            if key not in self._prompts:
+                self._prompts[key] = self.decode(rollout.prompt_ids) if self.decode else ""
+            request.update(prompt=self._prompts[key], columns=rollout.columns or {},
+                           ground_truth_name=rollout.ground_truth_name)
+        return request
+
+    def __call__(self, text: str, rollout) -> int:
+        request = self.request(text, rollout)
+        started = time.perf_counter()
+        try:
+            if self.process is None:
+                score = call_grader(self.fn, self.kind, request)
+            else:
+                score, printed, head = self.process(request)
+                self.stats["printed_bytes"] += printed
+                self.stats["printed_head"] = self.stats["printed_head"] or head
+        except GraderFailed as e:
+            raise GraderFailed(f"--grader {self.spec} {e}") from None
+        except Exception as e:  # noqa: BLE001 - a built-in grader failing on odd text is reported the same way
+            raise GraderFailed(f"--grader {self.spec} {describe_failure(e)}") from None
+        finally:
+            self.stats["calls"] += 1
+            self.stats["seconds"] += time.perf_counter() - started
+        return int(score > self.success_above)
+
+
+def for_settings(settings, decode=None) -> Grader:
+    return Grader(settings.grader, settings.success_above, settings.grader_timeout, settings.grader_kind, decode)
+
+
 def scorer(fn, spec: str, success_above: float):
-    """grade(text, rollout) -> 0 or 1, with GraderFailed naming the grader when it fails."""
+    """grade(text, rollout) -> 0 or 1 for a verl-style scoring function called in this process (tests,
+    notebooks)."""
     def grade(text: str, rollout) -> int:
         try:
-            score = fn(rollout.data_source, text, rollout.ground_truth, None)
+            score = call_grader(fn, "verl", {"data_source": rollout.data_source, "solution_str": text,
+                                             "ground_truth": rollout.ground_truth, "extra_info": rollout.extra_info})
         except Exception as e:  # noqa: BLE001 - the user's grader: reported, not trusted
-            raise GraderFailed(f"--grader {spec} raised {e.__class__.__name__}: {str(e)[:120]}") from None
-        if isinstance(score, dict):
-            score = score.get("score")
-        if not isinstance(score, numbers.Real):
-            raise GraderFailed(f"--grader {spec} returned {type(score).__name__}, not a number or a dict with "
-                               f"'score'")
-        return int(float(score) > success_above)
+            raise GraderFailed(f"--grader {spec} {describe_failure(e)}") from None
+        return int(score > success_above)
     return grade

@@ -6,11 +6,13 @@ passes, certificates: ``group_rows``) and the assembly of every group's rows. Th
 from __future__ import annotations
 
 import hashlib
+import inspect
 import time
 
 import pandas as pd
 
 from ..measure import credit as kernel
+from ..measure.credit_certificate import Observer, certificate
 from ..measure.units import Kernel, Outputs, Unit
 from . import graders
 from .inputs import BadInput
@@ -42,15 +44,23 @@ def plan(settings, inputs, done: dict) -> list[Unit]:
     return units
 
 
+def observes(engine) -> bool:
+    """Whether the engine's forced decoding hands its logits to an observer (transformers' does; vLLM's
+    returns its top-k only)."""
+    return "observe" in inspect.signature(engine.force_trunks).parameters
+
+
 def group_rows(engine, settings, group: list, path: str) -> dict:
     """One group's rows: forced decoding, pivots, passes, certificates (runs where the engine is); the
-    seconds and tokens of the forced decoding and of each pass."""
-    grade = graders.scorer(graders.load(settings.grader), settings.grader, settings.success_above)
+    seconds and tokens of the forced decoding and of each pass, and the grader's counts."""
+    grade = graders.for_settings(settings, engine.decode)
     # as wide a top-k as was recorded, so that every recorded entry has its counterpart
     width = max([TOP_K, *(len(step) for r in group for step in r.top_logprobs or [])])
     timing = {}
     started = time.perf_counter()
-    trunks, state = engine.force_trunks(group[0].prompt_ids, [r.response_ids for r in group], width)
+    # where the engine hands out its logits, what the certificates compare with is kept at every step
+    observe = {"observe": Observer(width, settings.logprobs_temperature)} if observes(engine) else {}
+    trunks, state = engine.force_trunks(group[0].prompt_ids, [r.response_ids for r in group], width, **observe)
     timing["forced decoding"] = {"seconds": time.perf_counter() - started,
                                  "tokens": sum(len(r.response_ids) for r in group)}
     pivots, seeds = [], []
@@ -72,13 +82,14 @@ def group_rows(engine, settings, group: list, path: str) -> dict:
 
     rows = kernel.credit_group(engine, group[0].prompt_ids, [r.response_ids for r in group], pivots, seeds,
                                settings.passes, settings.pass_settings(), state, grade_text, timing)
+    timing["grader"] = dict(grade.stats)
     out = []
     for r, trunk, found, rollout_rows in zip(group, trunks, pivots, rows):
         for p, row in zip(found, rollout_rows):
-            cert = kernel.certificate(r.top_logprobs, trunk.topk_ids, trunk.topk_logprobs, p["position"])
+            cert = certificate(r.top_logprobs, r.logprobs, trunk, p["position"])
             out.append({"id": str(r.id), "line": r.line, "prompt": prompt_digest(r.prompt_ids), **p,
                         "margin_source": "recorded" if r.top_logprobs else "forced", "k": settings.k, **row,
-                        "certificate": cert})
+                        **cert})
     return {"rows": pd.DataFrame(out), "timing": timing}
 
 

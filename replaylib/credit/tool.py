@@ -1,11 +1,13 @@
 """The credit tool's run: read and check every rollout, group them by prompt, then per group (one shard
-each, reused on a rerun under the same settings) rebuild the decode-time states by forced decoding, choose
-the pivots and run the passes; then write credit.parquet, summary.json, timing.json and report.html, each
-atomically. Groups run on one local engine, or on engines on Ray actors (--executor ray --workers N); what
-a group computes never depends on where it ran."""
+each, reused on a rerun under the same settings, engine and code: replaylib.credit.kernel, run by the stages'
+runner) rebuild the decode-time states by forced decoding, choose the pivots and run the passes; then write
+credit.parquet, summary.json, timing.json and report.html, each atomically. Groups run on one local engine,
+or on engines on Ray actors (--executor ray --workers N); what a group computes never depends on where it
+ran."""
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 from dataclasses import asdict, dataclass, field
@@ -17,9 +19,13 @@ from ..core.files import atomic_save, atomic_write_bytes, atomic_write_json, sha
 from ..measure import credit as kernel
 from ..measure.engine import EngineUnavailable, PassSettings
 from ..runtime import provenance
-from . import graders
-from .inputs import BadInput, read_rollouts
+from . import graders, timings
+from .batches import read_input
+from .checks import check_bounds, check_lengths, model_context
+from .diagnostics import plan_line, warnings
+from .inputs import BadInput
 from .kernel import KERNEL, code_digest, groups_of
+from .outdir import check_out, holding
 
 log = logging.getLogger("replaylib")
 WHERE = ("executor", "workers", "ray_address")  # where groups run: in no shard's key
@@ -46,6 +52,9 @@ class Settings:
     seed: int = 0
     seeds: str = "hash"
     success_above: float = 0.0
+    grader_timeout: float = graders.DEFAULT_TIMEOUT  # seconds per call of a user's grader
+    grader_kind: str = "auto"  # how a user's grader is called: auto (from its parameters), verl, trl, openrlhf
+    logprobs_temperature: float = 1.0  # the temperature per-position logprobs were taken at
     serving: str = "multiprocess"  # vLLM: its default multi-process engine (as pipelines run it) or in-process
     gpu_memory_utilization: float = 0.9  # vLLM
     max_model_len: int = 4096  # vLLM
@@ -61,8 +70,7 @@ class Settings:
                          ("workers", 1)):
             if getattr(self, name) < lo:
                 raise BadInput(f"--{name.replace('_', '-')} {getattr(self, name)}: must be at least {lo}")
-        if not 0 < self.top_p <= 1 or self.temperature < 0:
-            raise BadInput("--top-p must be in (0, 1] and --temperature at least 0")
+        check_bounds(self)
         if self.seeds not in ("hash", "replay"):
             raise BadInput(f"--seeds {self.seeds}: choose hash or replay")
         if self.engine == "vllm" and self.stop_at_answer:
@@ -70,9 +78,11 @@ class Settings:
                            "leave it out, or use --engine hf")
         if self.executor not in ("local", "ray"):
             raise BadInput(f"--executor {self.executor}: choose local or ray")
+        if self.grader_kind not in ("auto", *graders.KINDS):
+            raise BadInput(f"--grader-kind {self.grader_kind}: choose auto, {', '.join(graders.KINDS)}")
 
     def key(self) -> str:
-        what = {k: v for k, v in asdict(self).items() if k not in WHERE}
+        what = {k: v for k, v in asdict(self).items() if k not in WHERE + ("grader_timeout",)}
         return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
     def pass_settings(self) -> PassSettings:
@@ -94,16 +104,23 @@ class Settings:
 
 
 def model_files(settings: Settings):
-    """The model's tokenizer and vocabulary size, read in this process (the engines may run elsewhere)."""
+    """The model's tokenizer, vocabulary size and context (positions), read in this process (the engines may
+    run elsewhere); a path that does not exist is one line, not the hub's message about repository ids."""
     from transformers import AutoConfig, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from ..measure.models import resolve_model
     hf_logging.set_verbosity_error()  # the terminal gets the tool's lines, not the library's loading bars
     hf_logging.disable_progress_bar()
+    spec = settings.model
+    if spec.startswith(("/", "./", "../", "~")) and not Path(spec).expanduser().is_dir():
+        raise BadInput(f"--model {spec}: no such directory; give a local model directory, embedded:NAME, tiny:SEED "
+                       f"or a hub id")
     try:
-        path = resolve_model(settings.model)
-        return AutoTokenizer.from_pretrained(path), AutoConfig.from_pretrained(path).vocab_size
+        path = resolve_model(str(Path(spec).expanduser()) if spec.startswith("~") else spec)
+        config = AutoConfig.from_pretrained(path)
+        limit = settings.max_model_len if settings.engine == "vllm" else None
+        return AutoTokenizer.from_pretrained(path), config.vocab_size, model_context(config, limit)
     except (ValueError, OSError) as e:
         raise BadInput(f"--model {settings.model}: {str(e)[:200]}") from None
 
@@ -134,8 +151,9 @@ def open_executor(settings: Settings, engine=None):
     if engine is not None:
         return GivenEngine(engine)
     from ..runtime.executor import make_executor
+    params = settings.params()  # a setting out of range is its own line, not the model's
     try:
-        return make_executor(settings.params(), settings.invariant, settings.workers, stage="credit", forcing=True)
+        return make_executor(params, settings.invariant, settings.workers, stage="credit", forcing=True)
     except EngineUnavailable as e:
         raise BadInput(str(e)) from None
     except (OSError, RuntimeError, ValueError) as e:
@@ -148,6 +166,20 @@ def vocab_of(engine) -> int:
     if getattr(engine, "model", None) is not None:
         return engine.model.config.vocab_size
     return engine.llm.llm_engine.model_config.get_vocab_size()
+
+
+def context_of(engine) -> int | None:
+    """The context (positions) of an engine already loaded."""
+    if getattr(engine, "model", None) is not None:
+        return model_context(engine.model.config)
+    config = getattr(getattr(getattr(engine, "llm", None), "llm_engine", None), "model_config", None)
+    return getattr(config, "max_model_len", None)
+
+
+def observes(engine) -> bool:
+    """Whether the engine's forced decoding hands its logits to an observer (transformers' does; vLLM's
+    returns its top-k only)."""
+    return "observe" in inspect.signature(engine.force_trunks).parameters
 
 
 def describe(engine) -> dict:
@@ -207,78 +239,74 @@ def judged(frame: pd.DataFrame) -> dict:
                        "re-feed disagrees above the floor": fields(claims.excess_above_floor(kept))}}
 
 
-def grader_source(spec: str) -> str:
+def grader_source(spec) -> str:
     """sha256 of a user's grader module (MODULE:FUNCTION), so that editing it recomputes the grades; '' for
-    the built-in ones (their code is in the kernel's digest)."""
+    the built-in ones (their code is in the kernel's digest) and for a function given in Python."""
     import importlib.util
-    module = spec.partition(":")[0]
-    if spec in graders.BUILT_IN or not module:
+    if not isinstance(spec, str) or spec in graders.BUILT_IN or ":" not in spec:
         return ""
     try:
-        found = importlib.util.find_spec(module)
+        found = importlib.util.find_spec(spec.partition(":")[0])
     except (ImportError, ValueError):
         return ""
     return sha256_file(found.origin) if found is not None and found.origin and Path(found.origin).is_file() else ""
 
 
-def run(rollouts_path, out, settings: Settings, engine=None) -> dict:
-    """The tool: check everything first (BadInput: nothing written), then compute and write. engine: one
-    already loaded (its settings must be these); otherwise the executor of settings starts them."""
+def run(rollouts, out, settings: Settings, engine=None) -> dict:
+    """The tool: check everything first (BadInput: nothing written), then compute and write, holding --out
+    for this run alone. rollouts: a JSONL path or a batch (replaylib.credit.batches); engine: one already
+    loaded (its settings must be these); otherwise the executor of settings starts them."""
     from ..runtime.shards import ShardStore
     from ..runtime.units import Lent, compute
     from .report import report_html
     settings.check()
-    grade = graders.scorer(graders.load(settings.grader), settings.grader, settings.success_above)
-    tok, vocab = (engine.tok, vocab_of(engine)) if engine is not None else model_files(settings)
-    path = Path(rollouts_path)
-    rollouts = read_rollouts(path, vocab)
+    out = check_out(out)
+    if engine is not None:
+        tok, vocab, context = engine.tok, vocab_of(engine), context_of(engine)
+    else:
+        tok, vocab, context = model_files(settings)
+    grade = graders.for_settings(settings, lambda ids: tok.decode(ids, skip_special_tokens=True))
+    path, rollouts = read_input(rollouts, vocab)
     check_seeds(rollouts, settings, path)
+    check_lengths(rollouts, context, settings, path)
     first = rollouts[0]
     try:  # the grader on a real text before anything is written
         grade(tok.decode(first.response_ids, skip_special_tokens=True), first)
     except graders.GraderFailed as e:
         raise BadInput(f"{path}:{first.line}: field 'ground_truth': {e}") from None
-    out = Path(out)
-    inputs = {"groups": groups_of(rollouts), "path": str(path)}
-    executor = open_executor(settings, engine)
-    try:
-        described = executor.call(describe)
-        # what a shard was computed with: the settings, the engine as it describes itself (model path, dtype,
-        # kernels), the code that computes a row and the user's grader
-        key = hashlib.sha256(json.dumps([settings.key(), described, code_digest(settings.engine),
-                                         grader_source(settings.grader)], sort_keys=True).encode()).hexdigest()
-        store = ShardStore(out / "shards", key)
-        if not store.fresh:
-            store.reset()
+    inputs = {"groups": groups_of(rollouts), "path": path}
+    executor = open_executor(settings, engine)  # a model, device or library missing: one line, nothing written
+    with holding(out):
         try:
-            computed = compute(KERNEL, settings, inputs, lambda n: Lent(executor), store, out / "shards", "credit")
-        except BadInput as e:  # from a Ray actor it carries the actor's traceback: the one line is its cause's
-            raise BadInput(str(getattr(e, "cause", None) or e)) from None
-    finally:
-        executor.close()
-    frame = KERNEL.assemble(settings, inputs, computed.done).result
-    timing = [{"group": i, "rollouts": u.size, "computed_this_run": u.name in computed.ran,
-               "passes": computed.done[u.name]["timing"]} for i, u in enumerate(KERNEL.plan(settings, inputs, {}))]
-    summary = summarize(frame, settings, len(rollouts), described)
-    atomic_save(out / "credit.parquet", lambda tmp: frame.to_parquet(tmp, index=False))
-    atomic_write_json(out / "summary.json", summary)
-    atomic_write_json(out / "timing.json", throughput(timing, settings))
-    atomic_write_bytes(out / "report.html", report_html(frame, summary).encode())
+            described = executor.call(describe)
+            # what a shard was computed with: the settings, the engine as it describes itself (model path, dtype,
+            # kernels), the code that computes a row and the user's grader
+            key = hashlib.sha256(json.dumps([settings.key(), described, code_digest(settings.engine),
+                                             grader_source(settings.grader)], sort_keys=True).encode()).hexdigest()
+            store = ShardStore(out / "shards", key)
+            if not store.fresh:
+                store.reset()
+            units = KERNEL.plan(settings, inputs, {})
+            todo = [i for i, u in enumerate(units) if store.load(u) is None]
+            log.info(plan_line(inputs["groups"], todo, settings))
+            try:
+                computed = compute(KERNEL, settings, inputs, lambda n: Lent(executor), store, out / "shards", "credit")
+            except BadInput as e:  # from a Ray actor it carries the actor's traceback: the one line is its cause's
+                raise BadInput(str(getattr(e, "cause", None) or e)) from None
+        finally:
+            executor.close()
+        frame = KERNEL.assemble(settings, inputs, computed.done).result
+        timing = [{"group": i, "rollouts": u.size, "reused": u.name not in computed.ran,
+                   "passes": computed.done[u.name]["timing"]} for i, u in enumerate(units)]
+        summary = summarize(frame, settings, len(rollouts), described)
+        summary["grader"] = timings.grader_totals(timing)
+        summary["warnings"] = warnings(frame, settings)
+        for line in summary["warnings"]:
+            log.warning("warning: %s", line)
+        atomic_save(out / "credit.parquet", lambda tmp: frame.to_parquet(tmp, index=False))
+        atomic_write_json(out / "summary.json", summary)
+        atomic_write_json(out / "timing.json", timings.throughput(timing, settings))
+        page = report_html(frame, summary, {str(r.id): r for r in rollouts},
+                           lambda ids: tok.decode(ids, skip_special_tokens=True))
+        atomic_write_bytes(out / "report.html", page.encode())
     return summary
-
-
-def throughput(timing: list[dict], settings: Settings) -> dict:
-    """The decode rate of every group, as it was timed when it was computed (by this run, or by the run whose
-    shard this one reused: ``computed_this_run``): per pass (and the forced decoding), seconds, tokens decoded
-    and tokens per second; and each group's."""
-    total: dict = {}
-    for group in timing:
-        for name, spent in group["passes"].items():
-            acc = total.setdefault(name, {"seconds": 0.0, "tokens": 0})
-            acc["seconds"] += spent["seconds"]
-            acc["tokens"] += spent["tokens"]
-    return {"executor": settings.executor, "workers": settings.workers, "invariant": settings.invariant,
-            "passes": {name: {"seconds": round(t["seconds"], 3), "tokens": int(t["tokens"]),
-                              "tokens_per_s": round(t["tokens"] / t["seconds"], 1) if t["seconds"] else None}
-                       for name, t in sorted(total.items())},
-            "groups": timing}

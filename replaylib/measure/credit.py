@@ -45,25 +45,6 @@ def select_pivots(response: list[int], topk: list, margin: float, max_pivots: in
     return sorted(found, key=lambda p: p["position"])
 
 
-def certificate(recorded: list | None, ids: list, logprobs: list, upto: int) -> str:
-    """Whether forced decoding reproduced the recorded top-k at positions 0..upto (the steps whose state a
-    resume at `upto` holds or predicts from): "bit-exact", or the largest |logprob difference| over the
-    recorded entries, or "not recorded"."""
-    if recorded is None:
-        return "not recorded"
-    worst, same_ids = 0.0, True
-    for i in range(upto + 1):
-        mine = dict(zip(ids[i], logprobs[i]))
-        for token, lp in recorded[i]:
-            if int(token) not in mine:
-                same_ids = False
-                continue
-            worst = max(worst, abs(float(lp) - mine[int(token)]))
-    if worst == 0.0 and same_ids:
-        return "bit-exact"
-    return f"max |diff| {worst:.3g}" + ("" if same_ids else ", top-k ids differ")
-
-
 def seeds_for(rollout_id, prompt_len: int, position: int, k: int, seed: int, scheme: str) -> dict:
     """Arm -> K continuation seeds. "hash": hashed from (id, position, arm, k, seed); "replay": stage 03's
     continuation_seed(problem_id, rollout, abs_pos, arm, k), the id being "<problem_id>:<rollout>"."""
@@ -99,8 +80,9 @@ def sign(x: float) -> int:
 
 
 def within_floor(row: dict) -> bool | None:
-    """Refeed's sign agrees with resume's, or the replica's also differs at this pivot (None without all three)."""
-    if not all(f"A_{p}" in row for p in TOOL_PASSES):
+    """Refeed's sign agrees with resume's, or the replica's also differs at this pivot; None without all three
+    passes or where every A is 0 (no pass told the arms apart: nothing to compare)."""
+    if not all(f"A_{p}" in row for p in TOOL_PASSES) or all(row[f"A_{p}"] == 0 for p in TOOL_PASSES):
         return None
     base = sign(row["A_resume"])
     return sign(row["A_refeed"]) == base or sign(row["A_replica"]) != base
@@ -133,6 +115,7 @@ def credit_group(engine, prompt: list[int], responses: list[list[int]], pivots: 
             row[f"A_{name}_lo"], row[f"A_{name}_hi"] = interval(wins)
             for arm in ARMS:
                 row[f"wins_{name}_{arm}"] = int(sum(wins[arm]))
+            row[f"grades_{name}"] = json.dumps({arm: [int(w) for w in wins[arm]] for arm in ARMS})
             # what was graded, per arm: the K continuations' token ids (JSON text, as the replay records hold them)
             row[f"continuations_{name}"] = json.dumps({arm: [[int(t) for t in c] for c in out.continuations[arm]]
                                                        for arm in ARMS})

@@ -21,6 +21,7 @@ class Trunk:
     topk_ids: list[list[int]]  # raw (pre-temperature) top-k token ids of every generated step
     topk_logprobs: list[list[float]]
     finish_reason: str  # "eos", "answer" or "length"
+    observed: list | None = None  # forced decoding with an observer: what it returned at every step
 
 
 @dataclass

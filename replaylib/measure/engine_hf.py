@@ -55,6 +55,8 @@ class _Rows:
     stop_at_answer: bool = False
     prefix_text: list[str] | None = None  # for the answer check
     forced: list[list[int]] | None = None  # forced decoding: each row's tokens, fed one decode step at a time
+    observe: object = None  # observe(logits, tokens) -> one value per row, kept per step (forced decoding)
+    observed: list | None = None
 
 
 class HFEngine(PrefixStates):
@@ -238,6 +240,9 @@ class HFEngine(PrefixStates):
                 lp, ix = (t.tolist() for t in raw_topk(logits, rows.topk))
             if rows.forced:
                 chosen = [rows.forced[b][len(tokens[b])] for b in active]
+                if rows.observe is not None:
+                    for b, seen in zip(active, rows.observe(logits, chosen)):
+                        rows.observed[b].append(seen)
             else:
                 chosen = choose_tokens(logits, [rows.temperature[b] for b in active], [rows.top_p[b] for b in active],
                                        [position_uniform(rows.seeds[b], pos[b]) if rows.temperature[b] > 0 else 0.0
@@ -293,17 +298,20 @@ class HFEngine(PrefixStates):
         jobs = [(pid, r) for pid in prompts for r in range(n_rollouts)]
         return self._trunks(jobs, prompts, seeds, temperature, top_p, [max_new_tokens] * len(jobs), top_logprobs)
 
-    def force_trunks(self, prompt_ids: list[int], responses: list[list[int]], top_logprobs: int):
+    def force_trunks(self, prompt_ids: list[int], responses: list[list[int]], top_logprobs: int, observe=None):
         """Forced decoding: one prompt's responses, each fed one decode step at a time from the prompt's
         prefill, as sample_trunks decodes (same batches, same state kept); returns (trunks, state), rollout r
         the r-th response of a one-problem state. The raw top-k of every step is what decoding the response
-        computed: equal, bit for bit, to what sampling it recorded at the same batch shape."""
+        computed: equal, bit for bit, to what sampling it recorded at the same batch shape. observe(logits,
+        tokens): called with every step's float32 logits of the rows decoding and their forced tokens; what it
+        returns per row is the trunk's `observed`, one entry per step."""
         jobs = [(0, r) for r in range(len(responses))]
         trunks, state = self._trunks(jobs, {0: list(prompt_ids)}, dict.fromkeys(jobs, 0), 0.0, 1.0,
-                                     [len(r) for r in responses], top_logprobs, list(responses))
+                                     [len(r) for r in responses], top_logprobs, list(responses), observe)
         return trunks[0], state[0]
 
-    def _trunks(self, jobs, prompts, seeds, temperature, top_p, max_new: list, top_logprobs, forced=None):
+    def _trunks(self, jobs, prompts, seeds, temperature, top_p, max_new: list, top_logprobs, forced=None,
+                observe=None):
         trunks, state = {pid: [] for pid in prompts}, {pid: {} for pid in prompts}
         step = 1 if self.invariant else max(1, self.max_batch_rows)
         for start in range(0, len(jobs), step):
@@ -313,12 +321,13 @@ class HFEngine(PrefixStates):
             logits, cache, mask, pads = prefill(seqs)
             rows = _Rows(seeds=[seeds[j] for j in chunk], temperature=[temperature] * len(chunk),
                          top_p=[top_p] * len(chunk), max_new=max_new[start:start + step], topk=top_logprobs,
-                         forced=forced[start:start + step] if forced else None)
+                         forced=forced[start:start + step] if forced else None, observe=observe,
+                         observed=[[] for _ in chunk] if observe else None)
             tokens, top_ids, top_lps, finish, states = self._decode(logits, cache, mask, [len(s) for s in seqs],
                                                                     rows, keep_state=True)
             for b, (pid, r) in enumerate(chunk):
                 trunks[pid].append(Trunk(pid, r, seeds[(pid, r)], prompts[pid], tokens[b], top_ids[b], top_lps[b],
-                                         finish[b]))
+                                         finish[b], rows.observed[b] if observe else None))
                 fed = len(prompts[pid]) + len(tokens[b]) - 1  # the last token is never fed back
                 k, v = states[b]
                 state[pid][r] = (k[:, :, pads[b]:pads[b] + fed].clone(), v[:, :, pads[b]:pads[b] + fed].clone())

@@ -1,0 +1,91 @@
+"""A trainer's batch as the credit tool's rollouts, in memory (no file): pure functions, no model.
+
+A batch is a list of rollout dicts, or a mapping of per-row columns (torch tensors, numpy arrays or lists,
+first dimension the batch), or a verl ``DataProto`` (``.batch``, a TensorDict of tensors, and
+``.non_tensor_batch``, a dict of numpy object arrays). Each row becomes one rollout dict in the tool's or a
+trainer's field names (docs/credit.md), read as a JSONL line is, padding dropped by its masks: TRL's
+``prompt_ids/prompt_mask/completion_ids/completion_mask`` (prompts left-padded, completions right-padded),
+verl's ``prompts/responses/attention_mask`` with ``data_source``, ``reward_model`` (its ``ground_truth``)
+and ``extra_info``. Errors name the row as ``batch:N`` (N from 1)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .inputs import BadInput, Rollout, collect, read_rollouts
+
+# verl's DataProto tensors that the tool reads; its others (input_ids, position_ids, old_log_probs, ...) are
+# derived from these or the trainer's own, and are left out
+VERL_TENSORS = ("prompts", "responses", "attention_mask", "response_mask", "rollout_log_probs")
+
+
+def plain(value):
+    """A value as JSON data: tensors and arrays as (nested) lists, numpy scalars as Python numbers,
+    mappings and sequences element by element."""
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        value = value.tolist()
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes, int, float, bool)):
+        return value.item()
+    return value
+
+
+def _rows_of(columns: dict, source: str) -> list[dict]:
+    """Per-row dicts of per-row columns; a batch-level scalar (a 0-d tensor, a number) is left out."""
+    lengths = {}
+    for name, value in columns.items():
+        shape = getattr(value, "shape", None)
+        if shape is not None and len(shape) == 0 or isinstance(value, (int, float, str, bool)) or value is None:
+            continue
+        lengths[name] = shape[0] if shape is not None else len(value)
+    if not lengths:
+        raise BadInput(f"{source}: no per-row column; give prompt and response token ids per row")
+    size = max(lengths.values())
+    wrong = next((n for n, k in lengths.items() if k != size), None)
+    if wrong is not None:
+        raise BadInput(f"{source}: column '{wrong}' has {lengths[wrong]} rows where others have {size}; give every "
+                       f"column one entry per row")
+    return [{name: plain(columns[name][i]) for name in lengths} for i in range(size)]
+
+
+def _with_ids(rows: list[dict]) -> list[dict]:
+    """Rows without an id get one: verl's uid with the response's number within it ('<uid>-<n>'), or the
+    row's index."""
+    seen: dict = {}
+    for i, row in enumerate(rows):
+        if row.get("id") is None:
+            uid = row.get("uid")
+            if uid is None:
+                row["id"] = str(i)
+            else:
+                seen[uid] = seen.get(uid, -1) + 1
+                row["id"] = f"{uid}-{seen[uid]}"
+    return rows
+
+
+def rollout_dicts(batch) -> list[dict]:
+    """The rollout dicts of a batch (list of dicts, mapping of columns, or a DataProto-shaped object)."""
+    if hasattr(batch, "batch") and hasattr(batch, "non_tensor_batch"):  # verl's DataProto
+        tensors = batch.batch
+        if tensors is None or not hasattr(tensors, "keys"):
+            raise BadInput("batch: a DataProto without tensors; give one with prompts, responses and attention_mask")
+        columns = {k: tensors[k] for k in VERL_TENSORS if k in tensors.keys()}
+        columns.update(dict(batch.non_tensor_batch or {}))
+        return _with_ids(_rows_of(columns, "batch"))
+    if hasattr(batch, "keys") and hasattr(batch, "__getitem__"):  # a mapping of columns (TRL's batch)
+        return _with_ids(_rows_of({k: batch[k] for k in batch.keys()}, "batch"))
+    if isinstance(batch, (list, tuple)):
+        return [plain(row) if isinstance(row, dict) else row for row in batch]
+    raise BadInput(f"batch: a {type(batch).__name__}; give a JSONL path, a list of rollout dicts, a mapping of "
+                   f"per-row columns (TRL's prompt_ids/completion_ids with their masks) or a verl DataProto")
+
+
+def read_input(source, vocab: int) -> tuple[str, list[Rollout]]:
+    """(what errors name, the rollouts) of a JSONL path, or of a batch given in Python, its rows named
+    batch:N (N from 1); nothing is written."""
+    if isinstance(source, (str, os.PathLike)):
+        return str(source), read_rollouts(Path(source), vocab)
+    return "batch", collect(enumerate(rollout_dicts(source), 1), "batch", vocab)
