@@ -29,11 +29,12 @@ _forward = None  # in an engine server, while a unit runs: sends each progress e
 class Bar:
     """One phase of a stage: `n` of `total` units done, plus decoded tokens."""
 
-    def __init__(self, stage_dir, desc: str, total: int, unit: str, count_rows: bool = False):
+    def __init__(self, stage_dir, desc: str, total: int, unit: str, count_rows: bool = False, show: bool = True):
         self.path = Path(stage_dir) / FILE if stage_dir is not None else None
         self.desc, self.total, self.unit, self.count_rows = desc, int(total), unit, count_rows
         self.n, self.n_tokens, self.started, self._written = 0, 0, time.time(), 0.0
-        if os.environ.get(RUNNER_ENV):  # the runner draws the line; tqdm.auto would warn in a kernel without widgets
+        if os.environ.get(RUNNER_ENV) or not show:  # the runner draws the line (tqdm.auto would warn in a kernel
+            # without widgets), or the caller wants none (a trainer's loop)
             from tqdm import tqdm
             self.tqdm = tqdm(total=self.total, disable=True)
         else:
@@ -105,16 +106,16 @@ class _ForwardedBar:
         _forward(("close",))
 
 
-def bar(stage_dir, desc: str, total: int, unit: str, count_rows: bool = False) -> Bar:
+def bar(stage_dir, desc: str, total: int, unit: str, count_rows: bool = False, show: bool = True) -> Bar:
     """Start a phase (closing the previous one) written to stage_dir's progress file (None: on the screen
-    only); count_rows: finished decode rows advance it."""
+    only, or nowhere with show False); count_rows: finished decode rows advance it."""
     global _current
     if _forward is not None:
         _forward(("bar", None if stage_dir is None else str(stage_dir), desc, total, unit, count_rows))
         return _ForwardedBar()
     if _current is not None:
         _current.close()
-    _current = Bar(stage_dir, desc, total, unit, count_rows)
+    _current = Bar(stage_dir, desc, total, unit, count_rows, show)
     return _current
 
 

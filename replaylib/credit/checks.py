@@ -13,7 +13,8 @@ from .inputs import BadInput
 BOUNDED = {"k": "k", "max_cont_tokens": "max_cont_tokens", "probe_tokens": "probe_tokens",
            "temperature": "cont_temperature", "top_p": "cont_top_p", "margin": "margin_threshold",
            "max_pivots_per_rollout": "max_pivots_per_rollout", "workers": "ray_workers",
-           "gpu_memory_utilization": "gpu_memory_utilization", "max_model_len": "max_model_len"}
+           "gpu_memory_utilization": "gpu_memory_utilization", "kv_cache_gib": "kv_cache_gib",
+           "max_model_len": "max_model_len"}
 # no runner parameter has them: finite, the timeout positive, the logprobs' temperature a sampling one
 FINITE = ("success_above", "grader_timeout", "logprobs_temperature")
 TOKEN_BOUND = next(f.metadata["hi"] for f in dataclasses.fields(schema.Params) if f.name == "max_trunk_tokens")

@@ -31,7 +31,12 @@ def credit_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--serving", choices=["multiprocess", "inprocess"], default="multiprocess",
                     help="vllm: its default multi-process engine, as pipelines run it, or in-process")
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm: share of GPU memory it takes")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                    help="vllm: share of GPU memory for the weights (and, with --kv-cache-gib 0, the cache)")
+    ap.add_argument("--kv-cache-gib", type=float, default=4.0,
+                    help="vllm: a KV cache of this many GiB, fixed, so the engine starts beside other engines on one "
+                         "GPU (a trainer's, the stages'); 0: what --gpu-memory-utilization leaves after vLLM profiles "
+                         "the free memory, which fails when other processes allocate or free memory meanwhile")
     ap.add_argument("--max-model-len", type=int, default=4096, help="vllm: context length")
     ap.add_argument("--executor", choices=["local", "ray"], default="local",
                     help="local: one engine; ray: --workers engines on Ray actors (one GPU each on CUDA)")
@@ -83,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                             device=a.device, dtype=a.dtype, invariant=a.invariant, seed=a.seed, seeds=a.seeds,
                             success_above=a.success_above, grader_timeout=a.grader_timeout, serving=a.serving,
                             grader_kind=a.grader_kind, logprobs_temperature=a.logprobs_temperature,
-                            gpu_memory_utilization=a.gpu_memory_utilization, max_model_len=a.max_model_len,
+                            gpu_memory_utilization=a.gpu_memory_utilization, kv_cache_gib=a.kv_cache_gib,
+                            max_model_len=a.max_model_len,
                             executor=a.executor, workers=a.workers, ray_address=a.ray_address)
         summary = run(a.rollouts, a.out, settings)
     except BadInput as e:

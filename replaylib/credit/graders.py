@@ -131,14 +131,18 @@ class Grader:
     calls, their seconds and what the grader printed. decode(ids) -> text gives TRL- and OpenRLHF-style
     graders the prompt's text."""
 
-    def __init__(self, spec: str, success_above: float, timeout: float = DEFAULT_TIMEOUT, kind: str = "auto",
+    def __init__(self, spec, success_above: float, timeout: float = DEFAULT_TIMEOUT, kind: str = "auto",
                  decode=None):
-        self.spec, self.success_above, self.decode = spec, success_above, decode
-        self.fn = load(spec)
+        """spec: gsm8k, math or MODULE:FUNCTION; or, from Python, the function itself (a trainer's reward
+        function), which is called in this process as the caller's own code is."""
+        given = callable(spec) and not isinstance(spec, str)
+        self.spec = getattr(spec, "__name__", type(spec).__name__) if given else spec
+        self.success_above, self.decode = success_above, decode
+        self.fn = spec if given else load(spec)
         if kind not in ("auto", *KINDS):
             raise BadInput(f"--grader-kind {kind}: choose auto, {', '.join(KINDS)}")
-        self.kind = "verl" if spec in BUILT_IN else kind_of(self.fn) if kind == "auto" else kind
-        if spec in BUILT_IN:
+        self.kind = "verl" if self.spec in BUILT_IN and not given else kind_of(self.fn) if kind == "auto" else kind
+        if given or spec in BUILT_IN:
             self.process = None
         else:
             key = (spec, self.kind, timeout)

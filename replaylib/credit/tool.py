@@ -21,6 +21,7 @@ from ..measure.engine import EngineUnavailable, PassSettings
 from ..runtime import provenance
 from . import graders, timings
 from .batches import read_input
+from .calibration import calibrate, estimate_line
 from .checks import check_bounds, check_lengths, model_context
 from .diagnostics import plan_line, warnings
 from .inputs import BadInput
@@ -28,7 +29,9 @@ from .kernel import KERNEL, code_digest, groups_of
 from .outdir import check_out, holding
 
 log = logging.getLogger("replaylib")
-WHERE = ("executor", "workers", "ray_address")  # where groups run: in no shard's key
+WHERE = ("executor", "workers", "ray_address", "kv_cache_gib")  # where groups run and in what memory: in no shard's
+# key (a cache too small to hold a pivot's blocks shows in the rows' verification, and the engine's description
+# holds its size)
 
 
 @dataclass
@@ -56,7 +59,8 @@ class Settings:
     grader_kind: str = "auto"  # how a user's grader is called: auto (from its parameters), verl, trl, openrlhf
     logprobs_temperature: float = 1.0  # the temperature per-position logprobs were taken at
     serving: str = "multiprocess"  # vLLM: its default multi-process engine (as pipelines run it) or in-process
-    gpu_memory_utilization: float = 0.9  # vLLM
+    gpu_memory_utilization: float = 0.9  # vLLM: the share of GPU memory for weights and (with kv_cache_gib 0) cache
+    kv_cache_gib: float = 4.0  # vLLM: a fixed KV cache, so that the engine starts beside others on one GPU
     max_model_len: int = 4096  # vLLM
     executor: str = "local"
     workers: int = 1
@@ -97,6 +101,7 @@ class Settings:
             return params.make({"config": "credit", "engine": self.engine, "device": self.device, "model": self.model,
                                 "dtype": self.dtype, "vllm_serving": self.serving,
                                 "gpu_memory_utilization": self.gpu_memory_utilization,
+                                "kv_cache_gib": self.kv_cache_gib,
                                 "max_model_len": self.max_model_len, "executor": self.executor,
                                 "ray_workers": self.workers, "ray_address": self.ray_address}, where="the credit tool's settings", scope=[])
         except ValueError as e:
@@ -289,6 +294,9 @@ def run(rollouts, out, settings: Settings, engine=None) -> dict:
             units = KERNEL.plan(settings, inputs, {})
             todo = [i for i, u in enumerate(units) if store.load(u) is None]
             log.info(plan_line(inputs["groups"], todo, settings))
+            if todo:  # what it will cost, from a short calibration on the engine
+                measured = executor.call(calibrate, settings, inputs["groups"][todo[0]])
+                log.info(estimate_line(inputs["groups"], todo, settings, measured))
             try:
                 computed = compute(KERNEL, settings, inputs, lambda n: Lent(executor), store, out / "shards", "credit")
             except BadInput as e:  # from a Ray actor it carries the actor's traceback: the one line is its cause's

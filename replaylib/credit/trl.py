@@ -54,12 +54,14 @@ class CreditCallback(TrainerCallback):
     def batch(self, out: dict, inputs: list[dict]) -> dict:
         """The first ``sample`` rollouts of a step as the estimator reads a TRL batch: its tensors, the dataset
         columns of each row, and the sampled tokens' logprobs where TRL kept them."""
+        from .inputs import ALIASES
         n = min(self.sample, len(inputs))
         batch = {k: out[k][:n] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
         for name in inputs[0]:
-            if name != "prompt":
+            if name != "prompt":  # the other columns reach a TRL reward function as its keyword arguments
                 batch[name] = [row[name] for row in inputs[:n]]
-        batch["ground_truth"] = [str(row[self.ground_truth]) for row in inputs[:n]]
+        truth = "ground_truth" if self.ground_truth not in ALIASES["ground_truth"] else self.ground_truth
+        batch[truth] = [str(row[self.ground_truth]) for row in inputs[:n]]
         logprobs = next((out[k] for k in TRL_LOGPROBS if out.get(k) is not None), None)
         if logprobs is not None:  # the sampled tokens' logprobs, at the trainer's temperature (the estimator's)
             batch["logprobs"] = logprobs[:n]

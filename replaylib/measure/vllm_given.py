@@ -29,12 +29,12 @@ def missing_settings(llm) -> list[str]:
 
 def engine_around(llm, invariant: bool = False, config: str = "credit") -> VLLMEngine:
     """The engine over a caller's LLM; one built without llm_settings() is refused in one line."""
-    import vllm
     missing = missing_settings(llm)
     if missing:
         raise EngineUnavailable(f"the vllm.LLM given was built without {', '.join(missing)}: build it with "
                                 f"LLM(model, ..., **replaylib.credit.llm_settings()) so that responses can be "
                                 f"forced through its decode")
+    import vllm
     model_config = llm.llm_engine.model_config
     serving = "inprocess" if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" else "multiprocess"
     engine = VLLMEngine(llm, vllm.SamplingParams, model=f"{model_config.model} (in memory)",

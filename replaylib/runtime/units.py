@@ -70,10 +70,11 @@ class Computed:
 
 
 def compute(kernel: Kernel, params, inputs, open_executor, store=None, where=None, prefix: str = "",
-            only: list[Unit] | None = None) -> Computed:
+            only: list[Unit] | None = None, show: bool = True) -> Computed:
     """Every unit of a kernel's plan (or only the given ones), reused from ``store`` where it holds them;
     ``open_executor(n_units)`` is called once, when the first unit must run; where: the stage directory
-    the progress file goes to (None: the screen only); prefix: the stage, in the units' labels."""
+    the progress file goes to (None: the screen only; nowhere with show False); prefix: the stage, in the
+    units' labels."""
     out = Computed({})
     ex, bar = None, None
     progress.in_stage(where)
@@ -98,10 +99,11 @@ def compute(kernel: Kernel, params, inputs, open_executor, store=None, where=Non
                 ex = open_executor(len(todo))
                 out.seconds["engine start"] = round(time.perf_counter() - started, 2)
                 if ex.lease_info is None and ex.name != "none":
-                    log.info("config %s, %s, executor %s: %d unit(s) to run", getattr(params, "config", "-"), prefix,
+                    config = getattr(params, "config", None)
+                    log.info("%s, executor %s: %d unit(s) to run", f"config {config}, {prefix}" if config else prefix,
                              ex.name, len(todo))
                 bar = progress.bar(where, kernel.progress[0], 0, kernel.progress[1],
-                                   count_rows=kernel.count_rows and ex.reports_progress)
+                                   count_rows=kernel.count_rows and ex.reports_progress, show=show)
             bar.add_total(sum(u.size for u in todo))
             by_label = {f"{prefix} {u.label}".strip(): u for u in todo}
             started = time.perf_counter()

@@ -1,0 +1,146 @@
+"""Credit for a training step: an engine loaded once (or the trainer's own model, or the vllm.LLM it samples
+with), called per batch; the batch in memory (a list of rollout dicts, TRL's tensors with their masks, a verl
+DataProto: replaylib.credit.batches), nothing written, a DataFrame back (the rows of credit.parquet) and the
+step's summary and metrics beside it.
+
+    estimator = Estimator(model="Qwen/Qwen2.5-0.5B-Instruct", grader="gsm8k", k=4)   # loads once
+    frame = estimator(batch)            # every call: this batch's pivots, A per pass, certificates
+    trainer_log.update(estimator.metrics())
+    estimator.close()
+
+The same code computes a row here as in ``python -m replaylib.credit`` (replaylib.credit.kernel, run by the
+stages' runner without shards)."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+import pandas as pd
+
+from ..measure.credit import TOOL_PASSES
+from .batches import read_input
+from .checks import check_lengths
+from .diagnostics import warnings
+from .inputs import BadInput
+from .kernel import KERNEL, groups_of
+from .timings import grader_totals
+from .tool import GivenEngine, Settings, check_seeds, context_of, describe, model_files, open_executor, summarize, \
+    vocab_of
+
+log = logging.getLogger("replaylib")
+CERTIFIED = ("bit-exact", "within arithmetic")
+
+
+class Estimator:
+    """Counterfactual credit of a trainer's rollouts, batch after batch, on one engine.
+
+    model: a model spec (a hub id or local directory, embedded:NAME, tiny:SEED; loaded once, as the command
+    loads it), or a transformers model in memory with its ``tokenizer`` (a trainer's policy, used as it is at
+    each call: in eval mode while the estimator runs, its training mode restored after). llm: a vllm.LLM the
+    caller built with ``replaylib.credit.llm_settings()`` (left running on close). engine: an engine of this
+    package already loaded. grader: gsm8k, math, MODULE:FUNCTION, or a function (verl's compute_score, a TRL
+    reward function, an OpenRLHF reward_func). progress: a progress bar per call. settings: those of
+    ``tool.Settings`` (k, margin, passes, max_cont_tokens, logprobs_temperature, ...)."""
+
+    def __init__(self, model=None, grader="gsm8k", *, tokenizer=None, llm=None, engine=None, progress: bool = False,
+                 **settings):
+        given = [x is not None for x in (model, llm, engine)]
+        if sum(given) != 1:
+            raise BadInput("Estimator: give one of model (a spec or a model in memory), llm or engine")
+        self.live = model if model is not None and not isinstance(model, str) else None
+        if self.live is not None:
+            from ..measure.engine_hf import HFEngine
+            if tokenizer is None:
+                raise BadInput("Estimator: a model in memory needs its tokenizer (tokenizer=...)")
+            engine = HFEngine.around(model, tokenizer, settings.pop("invariant", False),
+                                     settings.pop("max_batch_rows", 128))
+        elif llm is not None:
+            from ..measure.engine import EngineUnavailable
+            from ..measure.vllm_given import engine_around
+            try:
+                engine = engine_around(llm, settings.get("invariant", False))
+            except EngineUnavailable as e:
+                raise BadInput(str(e)) from None
+        if engine is not None:  # what the engine is, as the summary records it
+            shown = engine.describe()
+            settings.setdefault("engine", shown.get("engine", "hf"))
+            settings.setdefault("device", "cuda" if "cuda" in str(shown.get("device", "")) else "cpu")
+            settings.setdefault("dtype", shown.get("dtype", "bfloat16"))
+        name = model if isinstance(model, str) else engine.describe().get("model", "in memory")
+        self.settings = Settings(model=name, grader=grader, **settings)
+        self.settings.check()
+        if engine is not None:
+            self.executor = GivenEngine(engine)
+            self.vocab, self.context = vocab_of(engine), context_of(engine)
+        else:
+            _, self.vocab, self.context = model_files(self.settings)
+            self.executor = open_executor(self.settings)
+        self.described = self.executor.call(describe)
+        self.summary: dict = {}
+        self.progress = progress  # a progress bar per call (off: a trainer's loop draws its own)
+
+    @contextlib.contextmanager
+    def _evaluating(self):
+        """A trainer's model in eval mode (no dropout) while the engine runs it, its mode restored after."""
+        if self.live is None:
+            yield
+            return
+        training = self.live.training
+        self.live.eval()
+        try:
+            yield
+        finally:
+            self.live.train(training)
+
+    def __call__(self, batch) -> pd.DataFrame:
+        """This batch's credit: one row per pivot (the columns of credit.parquet); its summary in ``summary``."""
+        from ..runtime.units import Lent, compute
+        started = time.perf_counter()
+        source, rollouts = read_input(batch, self.vocab)
+        check_seeds(rollouts, self.settings, source)
+        check_lengths(rollouts, self.context, self.settings, source)
+        inputs = {"groups": groups_of(rollouts), "path": source}
+        with self._evaluating():
+            try:
+                computed = compute(KERNEL, self.settings, inputs, lambda n: Lent(self.executor), prefix="credit",
+                                   show=self.progress)
+            except BadInput as e:  # from a Ray actor it carries the actor's traceback: the one line is its cause's
+                raise BadInput(str(getattr(e, "cause", None) or e)) from None
+        frame = KERNEL.assemble(self.settings, inputs, computed.done).result
+        timing = [{"passes": computed.done[u.name]["timing"]} for u in KERNEL.plan(self.settings, inputs, {})]
+        self.summary = summarize(frame, self.settings, len(rollouts), self.described)
+        self.summary.update(grader=grader_totals(timing), warnings=warnings(frame, self.settings),
+                            seconds=round(time.perf_counter() - started, 3))
+        for line in self.summary["warnings"]:
+            log.warning("warning: %s", line)
+        return frame
+
+    estimate = __call__
+
+    def metrics(self, prefix: str = "credit/") -> dict:
+        """The last batch's numbers as floats, for a trainer's logs: pivots, common pivots, the replica floor
+        and re-feed's share of sign changes (nan where no common pivot), certificates passed, failed and not
+        recorded (rollouts without logprobs), pivots whose resume was not verified, passes agreeing, seconds."""
+        s = self.summary
+        certs = s.get("certificates", {})
+        share = {name: float("nan") if s.get(name) is None else float(s[name]) for name in ("floor", "refeed")}
+        found = {"pivots": s.get("pivots", 0), "common_pivots": s.get("common_pivots", 0), **share,
+                 "certified": sum(certs.get(c, 0) for c in CERTIFIED), "certificates_differ": certs.get("differs", 0),
+                 "certificates_not_recorded": certs.get("not recorded", 0), "not_verified": s.get("not_verified", 0),
+                 "passes_agree": s.get("passes_agree", 0), "seconds": s.get("seconds", 0.0)}
+        if not set(TOOL_PASSES) <= set(self.settings.passes):
+            found.pop("floor"), found.pop("refeed")
+        return {f"{prefix}{k}": float(v) for k, v in found.items()}
+
+    def close(self) -> None:
+        """Stop the engine this estimator loaded (a model or LLM given to it stays as it was)."""
+        if self.executor is not None:
+            self.executor.close()
+            self.executor = None
+
+    def __enter__(self) -> "Estimator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,170 @@
+"""Credit inside a training loop: an estimator loaded once and called per batch (TRL tensors, a verl DataProto,
+a trainer's model in memory), writing nothing; the one-shot estimate(); a caller's vLLM engine refused in one
+line when it cannot force; TRL's GRPOTrainer with the credit callback (examples/trl_grpo_credit.py)."""
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from test_credit import FAST, PROMPT, sampled_rollouts
+
+from replaylib import credit
+from replaylib.credit.estimator import Estimator
+from replaylib.credit.inputs import BadInput
+
+REPO = Path(__file__).resolve().parents[1]
+PAD = 0
+
+
+def trl_batch(rows: list[dict]) -> dict:
+    """Rollouts as TRL holds a step's: prompts left-padded, completions right-padded, with masks, and the
+    dataset's answer column."""
+    width_p = max(len(r["prompt_ids"]) for r in rows)
+    width_c = max(len(r["response_ids"]) for r in rows)
+    prompt = [[PAD] * (width_p - len(r["prompt_ids"])) + r["prompt_ids"] for r in rows]
+    completion = [r["response_ids"] + [PAD] * (width_c - len(r["response_ids"])) for r in rows]
+    return {"prompt_ids": torch.tensor(prompt), "completion_ids": torch.tensor(completion),
+            "prompt_mask": torch.tensor([[0] * (width_p - len(r["prompt_ids"])) + [1] * len(r["prompt_ids"])
+                                         for r in rows]),
+            "completion_mask": torch.tensor([[1] * len(r["response_ids"]) + [0] * (width_c - len(r["response_ids"]))
+                                             for r in rows]),
+            "answer": [r["ground_truth"] for r in rows]}
+
+
+def reward(prompts, completions, answer, **kwargs) -> list[float]:
+    """A TRL reward function: 1 where the completion holds the answer."""
+    return [float(a in c) for c, a in zip(completions, answer)]
+
+
+@pytest.fixture(scope="module")
+def rows(tiny_engine):
+    return sampled_rollouts(tiny_engine, n=2, max_new=8) + sampled_rollouts(tiny_engine, n=2, max_new=8,
+                                                                            prompt=PROMPT[:6], tag="s")
+
+
+def test_an_estimator_loads_once_and_estimates_batch_after_batch_writing_nothing(rows, tiny_model_dir, tmp_path,
+                                                                                  monkeypatch):
+    from replaylib.measure import engine_hf
+    loads = []
+    real = engine_hf.HFEngine.from_params.__func__
+    monkeypatch.setattr(engine_hf.HFEngine, "from_params",
+                        classmethod(lambda cls, *a, **k: loads.append(1) or real(cls, *a, **k)))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    monkeypatch.chdir(tmp_path)
+    with Estimator(model=tiny_model_dir, grader=reward, **FAST) as estimator:
+        first = estimator(trl_batch(rows))
+        again = estimator(trl_batch(rows))
+        metrics = estimator.metrics()
+    assert loads == [1]  # one engine for every batch
+    assert len(first) > 0 and {"A_resume", "A_replica", "A_refeed", "certificate"} <= set(first.columns)
+    pd.testing.assert_frame_equal(first, again)
+    assert set(first["id"]) <= {"0", "1", "2", "3"} and set(first["certificate"]) == {"not recorded"}
+    assert metrics["credit/pivots"] == len(first) and all(isinstance(v, float) for v in metrics.values())
+    assert list(scratch.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["tmp"]  # no file
+
+
+def test_estimate_on_a_trl_batch_with_a_trl_reward_function_returns_a_per_pass(rows, tiny_model_dir, tmp_path,
+                                                                                monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    frame = credit.estimate(trl_batch(rows), model=tiny_model_dir, grader=reward, **FAST)
+    assert len(frame) > 0 and frame[["A_resume", "A_replica", "A_refeed"]].notna().all().all()
+    assert not list(tmp_path.iterdir())  # no temporary directory left, none made
+
+
+def test_a_trainer_s_model_in_memory_gives_the_rows_of_the_same_weights_loaded(rows, tiny_model_dir):
+    """The estimator runs the trainer's model as it is (eval mode while it runs, its training mode restored,
+    nothing in it swapped) and gets the rows the same weights loaded from their files give."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    live = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    live.train()
+    kinds = [type(m).__name__ for m in live.modules()]
+    weights = {k: v.clone() for k, v in live.state_dict().items()}
+    settings = dict(grader="gsm8k", **FAST)
+    mine = credit.estimate(rows, model=live, tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir), **settings)
+    loaded = credit.estimate(rows, model=tiny_model_dir, dtype="float32", **settings)
+    assert live.training and [type(m).__name__ for m in live.modules()] == kinds
+    assert all(torch.equal(v, live.state_dict()[k]) for k, v in weights.items())
+    columns = [c for c in loaded.columns if c.startswith(("A_", "continuations_", "wins_"))] + ["position", "id"]
+    pd.testing.assert_frame_equal(mine[columns], loaded[columns])
+
+
+class TensorDictLike(dict):
+    """What verl's DataProto.batch offers: keys() and a tensor per key."""
+
+
+def test_a_verl_dataproto_batch_with_its_extra_info_reaches_the_grader(rows, tiny_model_dir):
+    """verl's shape (docs/credit.md): prompts left-padded, responses right-padded, one attention mask over both,
+    non_tensor_batch with data_source, reward_model and extra_info; compute_score receives each row's
+    extra_info."""
+    seen = []
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+        seen.append((data_source, extra_info["index"]))
+        return float(ground_truth in solution_str)
+
+    batch = trl_batch(rows)
+    proto = SimpleNamespace(
+        batch=TensorDictLike(prompts=batch["prompt_ids"], responses=batch["completion_ids"],
+                             attention_mask=torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)),
+        non_tensor_batch={"data_source": np.array(["openai/gsm8k"] * len(rows), dtype=object),
+                          "reward_model": np.array([{"ground_truth": r["ground_truth"], "style": "rule"} for r in rows],
+                                                   dtype=object),
+                          "extra_info": np.array([{"index": i, "split": "train"} for i in range(len(rows))],
+                                                 dtype=object),
+                          "uid": np.array(["a", "a", "b", "b"], dtype=object)})
+    frame = credit.estimate(proto, model=tiny_model_dir, grader=compute_score, **FAST)
+    assert set(frame["id"]) <= {"a-0", "a-1", "b-0", "b-1"} and len(frame) > 0
+    assert {source for source, _ in seen} == {"openai/gsm8k"} and {i for _, i in seen} <= {0, 1, 2, 3}
+    assert len({i for _, i in seen}) > 1  # each row's own extra_info
+
+
+def test_a_vllm_engine_built_without_the_forcing_settings_is_refused_in_one_line():
+    from replaylib.measure.engine import EngineUnavailable
+    from replaylib.measure.vllm_given import engine_around, llm_settings
+    model_config = SimpleNamespace(logits_processors=None, logprobs_mode="processed_logprobs", model="m")
+    llm = SimpleNamespace(llm_engine=SimpleNamespace(model_config=model_config, vllm_config=SimpleNamespace(
+        cache_config=SimpleNamespace(enable_prefix_caching=True))))
+    with pytest.raises(EngineUnavailable) as e:
+        engine_around(llm)
+    assert "built without logits_processors, logprobs_mode" in str(e.value) and "\n" not in str(e.value)
+    model_config.logits_processors, model_config.logprobs_mode = llm_settings()["logits_processors"], "raw_logprobs"
+    from replaylib.measure.vllm_given import missing_settings
+    assert missing_settings(llm) == []
+
+
+def test_an_estimator_takes_one_model_and_a_model_in_memory_needs_its_tokenizer(tiny_model_dir):
+    with pytest.raises(BadInput, match="give one of model"):
+        Estimator(grader="gsm8k")
+    with pytest.raises(BadInput, match="needs its tokenizer"):
+        Estimator(model=torch.nn.Linear(2, 2), grader="gsm8k")
+
+
+def test_trl_grpo_runs_two_steps_with_the_credit_callback_and_logs_its_metrics():
+    """examples/trl_grpo_credit.py: TRL's GRPOTrainer on the CPU, the credit metrics in the trainer's logs."""
+    done = subprocess.run([sys.executable, str(REPO / "examples" / "trl_grpo_credit.py")], cwd=REPO,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    logged = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [entry["step"] for entry in logged] == [1, 2]
+    for entry in logged:
+        assert entry["credit/pivots"] > 0 and entry["credit/seconds"] > 0
+        assert {"credit/floor", "credit/refeed", "credit/certified", "credit/passes_agree"} <= set(entry)
+
+
+def test_the_tool_s_vllm_engine_has_a_fixed_kv_cache_unless_told_otherwise():
+    """A fixed cache: the engine starts beside others on a GPU without profiling its free memory."""
+    from replaylib.credit.tool import Settings
+    from replaylib.measure.vllm_setup import engine_identity
+    settings = Settings(model="m", grader="gsm8k", engine="vllm", device="cuda")
+    assert settings.params().kv_cache_gib == 4.0 and engine_identity(settings.params())["kv_cache_gib"] == 4.0
+    assert Settings(model="m", grader="gsm8k", kv_cache_gib=0).params().kv_cache_gib == 0
+    with pytest.raises(BadInput, match=r"^--kv-cache-gib -1"):
+        Settings(model="m", grader="gsm8k", kv_cache_gib=-1).check()
