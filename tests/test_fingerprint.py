@@ -90,7 +90,7 @@ def _label(cells):
 
 
 def _preview(cells):
-    cell = next(c for c in cells if c.cell_type == "code" and "replay.preview(" in c.source)
+    cell = next(c for c in cells if c.cell_type == "code" and ".preview(" in c.source)
     cell.source += "\nfirst = first.head(1)"
 
 

@@ -314,6 +314,86 @@ def test_the_credit_tool_certifies_rollouts_vllm_sampled(tmp_path):
     assert invariant["invariant_ok"] and invariant["passes_agree"] == invariant["pivots"] > 0
 
 
+def test_the_credit_tool_starts_beside_a_stage_s_running_engine(tmp_path):
+    """A shared GPU: while a run's stages hold their vLLM engine, the credit tool starts one of its own with its
+    fixed KV cache (--kv-cache-gib, 4 GiB by default; no profiling of the free memory another process holds or
+    frees) and certifies the rollouts; the run finishes too."""
+    path = _smoke_params_file(tmp_path, config="gpu-smoke-sampled")
+    env, sampled = _env(tmp_path), tmp_path / "sampled"
+    for cmd in ([sys.executable, "-m", "replaylib.run", str(path), "--upto", "01_sampling", "--out", str(sampled)],
+                [sys.executable, "-m", "replaylib.credit", "export", str(sampled / "runs" / "gpu-smoke-sampled"),
+                 "--out", str(tmp_path / "rollouts.jsonl")]):
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    beside = _smoke_params_file(tmp_path, config="gpu-smoke-beside", problem_start=2)
+    run = subprocess.Popen([sys.executable, "-m", "replaylib.run", str(beside), "--upto", "03", "--out",
+                            str(tmp_path / "beside")], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        cores = _wait_until(lambda: {q for q, role in _engine_pids(run.pid).items() if role == "core"
+                                     and gpu_memory_by_pid().get(q, 0) > 2**30}, 600)
+        assert cores and run.poll() is None, "the stages' engine was not up beside the tool"
+        tool = subprocess.run([sys.executable, "-m", "replaylib.credit", str(tmp_path / "rollouts.jsonl"), "--model",
+                               "tiny:0", "--grader", "gsm8k", "--engine", "vllm", "--device", "cuda", "--k", "2",
+                               "--max-cont-tokens", "32", "--margin", "9", "--max-pivots-per-rollout", "2",
+                               "--gpu-memory-utilization", "0.2", "--max-model-len", "2048", "--out",
+                               str(tmp_path / "credit")], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=900)
+        overlapped = run.poll() is None or any(_engine_pids(run.pid))
+        assert tool.returncode == 0, tool.stdout[-3000:] + tool.stderr[-3000:]
+        assert run.wait(timeout=900) == 0
+    finally:
+        run.kill()
+    summary = json.loads((tmp_path / "credit" / "summary.json").read_text())
+    assert summary["pivots"] > 0 and summary["certificates"] == {"bit-exact": summary["pivots"]}
+    assert summary["not_verified"] == 0 and summary["engine"]["num_gpu_blocks"]
+    print(f"the tool ran while the stages' engine was {'still up' if overlapped else 'up at its start'}")
+
+
+def test_the_estimator_forces_rollouts_through_an_llm_its_caller_built(tmp_path):
+    """A trainer's own vllm.LLM, built with credit.llm_settings(): the estimator forces rollouts that LLM sampled
+    back through its decode (every certificate passed, every resume verified) and leaves it serving."""
+    out = tmp_path / "given.json"
+    proc = subprocess.run([sys.executable, str(Path(__file__)), "given-llm", str(out)], cwd=REPO, env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    found = json.loads(out.read_text())
+    assert found["pivots"] > 0 and found["not_verified"] == 0, found
+    assert set(found["certificates"]) <= {"bit-exact", "within arithmetic"}, found
+    assert found["still_serving"] and found["engine"] == "vllm"
+
+
+def given_llm() -> dict:
+    """An in-process vllm.LLM built as a trainer would, with the forcing settings; rollouts it sampled, then the
+    estimator on that LLM; whether the LLM still serves after the estimator closed."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    sys.path.insert(0, str(REPO))
+    from vllm import LLM, SamplingParams
+
+    from replaylib import credit
+    from replaylib.measure.engine import chat_prompt_ids
+    from replaylib.measure.models import resolve_model
+    from replaylib.measure.vllm_trunks import topk_of
+    llm = LLM(model=resolve_model("tiny:0"), dtype="bfloat16", gpu_memory_utilization=0.2, max_model_len=2048,
+              kv_cache_memory_bytes=2 * 2**30, enforce_eager=True, seed=0, **credit.llm_settings())
+    prompt = chat_prompt_ids(llm.get_tokenizer(), "What is 2 + 3?", "")
+    sampled = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(n=4, temperature=0.7, top_p=0.95,
+                                                                          max_tokens=48, logprobs=5, seed=1))
+    rows = []
+    for i, c in enumerate(sampled[0].outputs):
+        steps = [topk_of(step, 5) for step in c.logprobs]
+        rows.append({"id": f"r{i}", "prompt_ids": prompt, "response_ids": [int(t) for t in c.token_ids],
+                     "ground_truth": "5", "top_logprobs": [[[t, lp] for t, lp in zip(*s)] for s in steps]})
+    estimator = credit.Estimator(llm=llm, grader="gsm8k", k=2, max_cont_tokens=16, margin=9.0,
+                                 max_pivots_per_rollout=2)
+    frame = estimator(rows)
+    summary, described = estimator.summary, estimator.described
+    estimator.close()
+    again = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=4, temperature=0.0))
+    return {"pivots": len(frame), "certificates": summary["certificates"], "not_verified": summary["not_verified"],
+            "still_serving": len(again[0].outputs[0].token_ids) > 0, "engine": described["engine"]}
+
+
 @pytest.mark.parametrize("what", ["runner", "campaign"])
 def test_a_run_killed_outright_leaves_no_engine_holding_gpu_memory(tmp_path, what):
     """SIGKILL to the process whose broker leased the engines (a runner, or a campaign): its engine servers
@@ -360,5 +440,7 @@ if __name__ == "__main__":
     mode, path = sys.argv[1], sys.argv[2]
     if mode == "hold":
         hold(path)
+    elif mode == "given-llm":
+        Path(path).write_text(json.dumps(given_llm()))
     else:
         Path(path).write_text(json.dumps(in_ray_actor() if mode == "ray" else scenario(mode)))

@@ -1,7 +1,8 @@
 """What a run will cost, before its first group: a short calibration on the engine (the first group's responses
 forced for a few tokens, then one pass of a few continuation tokens at the first group's pivots, in the batch
-shape the passes use) scaled to the plan. An estimate at most: continuations that end early cost less, and
-nothing computed here is kept."""
+shape the passes use) scaled to the plan, with every continuation running to --max-cont-tokens (those that end
+early cost less; a longer cache costs more per token, and so does a busy machine). Nothing computed here is
+kept."""
 from __future__ import annotations
 
 import math
@@ -40,17 +41,17 @@ def calibrate(engine, settings, group: list) -> dict:
 
 
 def estimate_line(groups: list[list], todo: list[int], settings, measured: dict) -> str:
-    """The plan's cost at most from a calibration: each group's longest response forced, and every pivot's
-    passes at the continuation length, at the calibration's rates."""
+    """The plan's cost from a calibration: each group's longest response forced, and every pivot's passes at
+    the full continuation length, at the calibration's rates."""
     forced = sum(max(len(r.response_ids) for r in groups[i]) for i in todo) * measured["forced_step_s"]
     pivots = sum(len(r.positions) if r.positions is not None else min(settings.max_pivots_per_rollout,
                                                                         len(r.response_ids))
                  for i in todo for r in groups[i])
     per_pivot = (measured["pivot_token_s"] or 0.0) * settings.max_cont_tokens * len(settings.passes)
     total = forced + pivots * per_pivot
-    return (f"estimate: at most about {_duration(total)} for {len(todo)} groups ({per_pivot:.2f} s a pivot at most, "
-            f"from a calibration of {measured['pivots']} pivots x {DECODE_STEPS} continuation tokens and "
-            f"{FORCED_STEPS} forced tokens a response)")
+    return (f"estimate: about {_duration(total)} for {len(todo)} groups with every continuation at "
+            f"--max-cont-tokens ({per_pivot:.2f} s a pivot; from a calibration of {measured['pivots']} pivots x "
+            f"{DECODE_STEPS} continuation tokens and {FORCED_STEPS} forced tokens a response)")
 
 
 def _duration(seconds: float) -> str:
