@@ -191,6 +191,21 @@ def test_bad_input_is_refused_in_one_line_and_nothing_is_written(case, rollouts,
     assert not out.exists()
 
 
+def test_enforce_eager_reaches_the_vllm_engine_s_parameters_and_the_shard_key(rollouts, tiny_model_dir, tmp_path,
+                                                                             capsys):
+    """--enforce-eager (the sampler ran without CUDA graphs) builds the engine so and keys the shards apart (other
+    kernels, other numbers); on the transformers engine, which has no CUDA graphs, it is one line."""
+    eager = Settings(model="tiny:0", grader="gsm8k", engine="vllm", device="cuda", enforce_eager=True)
+    graphs = Settings(model="tiny:0", grader="gsm8k", engine="vllm", device="cuda")
+    assert eager.params().enforce_eager and not graphs.params().enforce_eager
+    assert eager.key() != graphs.key()
+    path = write(tmp_path / "r.jsonl", rollouts)
+    assert cli.main([str(path), "--model", tiny_model_dir, "--grader", "gsm8k", "--out", str(tmp_path / "o"),
+                     "--enforce-eager"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--enforce-eager" in err and not (tmp_path / "o").exists()
+
+
 def test_the_vllm_engine_without_vllm_is_refused_in_one_line(rollouts, tiny_model_dir, tmp_path, capsys):
     pytest.importorskip("transformers")
     if __import__("importlib").util.find_spec("vllm") is not None:

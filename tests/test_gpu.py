@@ -303,7 +303,9 @@ def test_the_credit_tool_certifies_rollouts_vllm_sampled(tmp_path):
             "--margin", "9", "--max-pivots-per-rollout", "2", "--gpu-memory-utilization", "0.2",
             "--max-model-len", "2048"]
     summaries = {}
-    for name, extra in (("stock", []), ("invariant", ["--invariant"])):
+    # the smoke configuration samples eagerly, so the stock pass forces eagerly too (with CUDA graphs the
+    # kernels differ and so do the certificates: lease 12); invariant mode has kernels of its own
+    for name, extra in (("stock", ["--enforce-eager"]), ("invariant", ["--invariant"])):
         proc = subprocess.run(base + ["--out", str(tmp_path / name), *extra], cwd=REPO, env=env, capture_output=True,
                               text=True, timeout=900)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -336,8 +338,8 @@ def test_the_credit_tool_starts_beside_a_stage_s_running_engine(tmp_path):
         tool = subprocess.run([sys.executable, "-m", "replaylib.credit", str(tmp_path / "rollouts.jsonl"), "--model",
                                "tiny:0", "--grader", "gsm8k", "--engine", "vllm", "--device", "cuda", "--k", "2",
                                "--max-cont-tokens", "32", "--margin", "9", "--max-pivots-per-rollout", "2",
-                               "--gpu-memory-utilization", "0.2", "--max-model-len", "2048", "--out",
-                               str(tmp_path / "credit")], cwd=REPO, env=env, capture_output=True, text=True,
+                               "--gpu-memory-utilization", "0.2", "--max-model-len", "2048", "--enforce-eager",
+                               "--out", str(tmp_path / "credit")], cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=900)
         overlapped = run.poll() is None or any(_engine_pids(run.pid))
         assert tool.returncode == 0, tool.stdout[-3000:] + tool.stderr[-3000:]
@@ -378,7 +380,8 @@ def given_llm() -> dict:
               kv_cache_memory_bytes=2 * 2**30, enforce_eager=True, seed=0, **credit.llm_settings())
     prompt = chat_prompt_ids(llm.get_tokenizer(), "What is 2 + 3?", "")
     sampled = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(n=4, temperature=0.7, top_p=0.95,
-                                                                          max_tokens=48, logprobs=5, seed=1))
+                                                                          max_tokens=48, logprobs=5, seed=1),
+                           use_tqdm=False)
     rows = []
     for i, c in enumerate(sampled[0].outputs):
         steps = [topk_of(step, 5) for step in c.logprobs]
@@ -389,7 +392,7 @@ def given_llm() -> dict:
     frame = estimator(rows)
     summary, described = estimator.summary, estimator.described
     estimator.close()
-    again = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=4, temperature=0.0))
+    again = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
     return {"pivots": len(frame), "certificates": summary["certificates"], "not_verified": summary["not_verified"],
             "still_serving": len(again[0].outputs[0].token_ids) > 0, "engine": described["engine"]}
 

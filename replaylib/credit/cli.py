@@ -38,6 +38,9 @@ def credit_parser() -> argparse.ArgumentParser:
                          "GPU (a trainer's, the stages'); 0: what --gpu-memory-utilization leaves after vLLM profiles "
                          "the free memory, which fails when other processes allocate or free memory meanwhile")
     ap.add_argument("--max-model-len", type=int, default=4096, help="vllm: context length")
+    ap.add_argument("--enforce-eager", action="store_true",
+                    help="vllm: no CUDA graphs; give it when the rollouts were sampled without them (an LLM built "
+                         "with enforce_eager=True), else the certificates differ by the kernels alone")
     ap.add_argument("--executor", choices=["local", "ray"], default="local",
                     help="local: one engine; ray: --workers engines on Ray actors (one GPU each on CUDA)")
     ap.add_argument("--workers", type=int, default=1, help="ray: engines to start")
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                             success_above=a.success_above, grader_timeout=a.grader_timeout, serving=a.serving,
                             grader_kind=a.grader_kind, logprobs_temperature=a.logprobs_temperature,
                             gpu_memory_utilization=a.gpu_memory_utilization, kv_cache_gib=a.kv_cache_gib,
-                            max_model_len=a.max_model_len,
+                            max_model_len=a.max_model_len, enforce_eager=a.enforce_eager,
                             executor=a.executor, workers=a.workers, ray_address=a.ray_address)
         summary = run(a.rollouts, a.out, settings)
     except BadInput as e:

@@ -62,6 +62,7 @@ class Settings:
     gpu_memory_utilization: float = 0.9  # vLLM: the share of GPU memory for weights and (with kv_cache_gib 0) cache
     kv_cache_gib: float = 4.0  # vLLM: a fixed KV cache, so that the engine starts beside others on one GPU
     max_model_len: int = 4096  # vLLM
+    enforce_eager: bool = False  # vLLM: no CUDA graphs (as the sampler ran, if it did: its numbers then match)
     executor: str = "local"
     workers: int = 1
     ray_address: str = ""  # ray: empty starts a local instance; auto or HOST:PORT joins a cluster
@@ -80,6 +81,9 @@ class Settings:
         if self.engine == "vllm" and self.stop_at_answer:
             raise BadInput("--stop-at-answer: the vllm engine runs continuations to EOS or --max-cont-tokens; "
                            "leave it out, or use --engine hf")
+        if self.enforce_eager and self.engine != "vllm":
+            raise BadInput("--enforce-eager: only the vllm engine has CUDA graphs to leave out; leave it out, or use "
+                           "--engine vllm")
         if self.executor not in ("local", "ray"):
             raise BadInput(f"--executor {self.executor}: choose local or ray")
         if self.grader_kind not in ("auto", *graders.KINDS):
@@ -102,7 +106,8 @@ class Settings:
                                 "dtype": self.dtype, "vllm_serving": self.serving,
                                 "gpu_memory_utilization": self.gpu_memory_utilization,
                                 "kv_cache_gib": self.kv_cache_gib,
-                                "max_model_len": self.max_model_len, "executor": self.executor,
+                                "max_model_len": self.max_model_len, "enforce_eager": self.enforce_eager,
+                                "executor": self.executor,
                                 "ray_workers": self.workers, "ray_address": self.ray_address}, where="the credit tool's settings", scope=[])
         except ValueError as e:
             raise BadInput(str(e)) from None
