@@ -1,8 +1,9 @@
-"""What a run will cost, before its first group: a short calibration on the engine (the first group's responses
-forced for a few tokens, then one pass of a few continuation tokens at the first group's pivots, in the batch
-shape the passes use) scaled to the plan, with every continuation running to --max-cont-tokens (those that end
-early cost less; a longer cache costs more per token, and so does a busy machine). Nothing computed here is
-kept."""
+"""What a run will cost, before its first group: a short calibration on the engine, scaled to the plan. On the
+first group, after a warm-up call of each kind (an engine's first calls compile and allocate), its responses
+are forced for two lengths and one pass runs two continuation lengths at its pivots, in the batch shape the
+passes use; each kind of call is then a fixed cost (reset, prefill, scheduling) plus a cost per step, and the
+plan is priced with every continuation running to --max-cont-tokens (those that end early cost less; a longer
+cache costs more per token, and so does a busy machine). Nothing computed here is kept."""
 from __future__ import annotations
 
 import math
@@ -10,48 +11,79 @@ import time
 
 from ..measure.engine import ARMS, PassSettings, PivotJob
 
-FORCED_STEPS = 16  # tokens of each response forced in the calibration
-DECODE_STEPS = 8  # continuation tokens of the calibration's pass
+FORCED_STEPS = (4, 16)  # tokens of each response forced, the two calls
+DECODE_STEPS = (2, 8)  # continuation tokens of the two passes
 
 
-def calibrate(engine, settings, group: list) -> dict:
-    """Seconds per forced decoding step of a group's responses, and per continuation token of one pass at up to
-    max_pivots_per_rollout pivots per rollout (the group's shape), on this engine."""
-    responses = [r.response_ids[:FORCED_STEPS] for r in group]
-    started = time.perf_counter()
-    _, state = engine.force_trunks(group[0].prompt_ids, responses, 5)
-    forced_s = (time.perf_counter() - started) / max(1, max(len(r) for r in responses))
+def fit(steps: tuple[int, int], seconds: tuple[float, float]) -> tuple[float, float]:
+    """(fixed, per step) of a call from two timings at two step counts; neither below zero."""
+    (short, long), (t_short, t_long) = steps, seconds
+    if long <= short:
+        return 0.0, t_long / max(1, long)
+    if t_long <= t_short:  # noise larger than the steps' cost: the later (warmer) call is all fixed cost
+        return t_long, 0.0
+    per_step = (t_long - t_short) / (long - short)
+    return max(0.0, t_short - per_step * short), per_step
+
+
+def calibrate(engine, settings, group: list, clock=time.perf_counter) -> dict:
+    """A group's forced decoding and one pass at up to max_pivots_per_rollout pivots per rollout, each as
+    (fixed seconds, seconds per step), on this engine."""
+    def timed(call):
+        started = clock()
+        out = call()
+        return clock() - started, out
+
+    prompt = list(group[0].prompt_ids)
+    cut = lambda n: [r.response_ids[:n] for r in group]  # noqa: E731
+    forced_steps = tuple(max(len(r) for r in cut(n)) for n in FORCED_STEPS)
+    engine.force_trunks(prompt, cut(2), 5)  # warm-up
+    t_short, _ = timed(lambda: engine.force_trunks(prompt, cut(FORCED_STEPS[0]), 5))
+    t_long, (_, state) = timed(lambda: engine.force_trunks(prompt, cut(FORCED_STEPS[1]), 5))
+    forced = fit(forced_steps, (t_short, t_long))
     jobs = []
-    for rollout, response in enumerate(responses):
+    for rollout, response in enumerate(cut(FORCED_STEPS[1])):
         for i in range(min(settings.max_pivots_per_rollout, len(response) - 1)):
             at = len(response) - 1 - i
-            jobs.append(PivotJob(pivot_id=len(jobs), problem_id=0, rollout=rollout, gen_index=at,
-                                 prompt_ids=list(group[0].prompt_ids), gen_prefix=list(response[:at]),
-                                 forced={arm: int(response[at]) for arm in ARMS},
+            jobs.append(PivotJob(pivot_id=len(jobs), problem_id=0, rollout=rollout, gen_index=at, prompt_ids=prompt,
+                                 gen_prefix=list(response[:at]), forced={arm: int(response[at]) for arm in ARMS},
                                  seeds={arm: list(range(settings.k)) for arm in ARMS}))
     if not jobs:
-        return {"forced_step_s": forced_s, "pivot_token_s": None, "pivots": 0}
-    steps = min(DECODE_STEPS, settings.max_cont_tokens)
-    one = PassSettings(k=settings.k, temperature=settings.temperature, top_p=settings.top_p, max_tokens=steps,
-                       probe_tokens=1, stop_at_answer=False, task="credit")
-    started = time.perf_counter()
-    engine.run_pass(jobs, "exact1", one, state)
-    return {"forced_step_s": forced_s, "pivot_token_s": (time.perf_counter() - started) / steps / len(jobs),
-            "pivots": len(jobs)}
+        return {"forced": forced, "pass": None, "pivots": 0}
+
+    def one_pass(steps: int):
+        one = PassSettings(k=settings.k, temperature=settings.temperature, top_p=settings.top_p, max_tokens=steps,
+                           probe_tokens=1, stop_at_answer=False, task="credit")
+        return timed(lambda: engine.run_pass(jobs, "exact1", one, state))[0]
+
+    one_pass(1)  # warm-up
+    steps = tuple(min(n, settings.max_cont_tokens) for n in DECODE_STEPS)
+    return {"forced": forced, "pass": fit(steps, tuple(one_pass(n) for n in steps)), "pivots": len(jobs)}
+
+
+def pivots_of(group: list, settings) -> int:
+    return sum(len(r.positions) if r.positions is not None else min(settings.max_pivots_per_rollout,
+                                                                     len(r.response_ids)) for r in group)
+
+
+def estimate(groups: list[list], todo: list[int], settings, measured: dict) -> tuple[float, float]:
+    """(seconds for the plan, seconds of passes a pivot): each group's longest response forced, and each pass
+    over its pivots at the full continuation length, scaled from the calibration's pivots."""
+    fixed, per_step = measured["forced"]
+    total = sum(fixed + per_step * max(len(r.response_ids) for r in groups[i]) for i in todo)
+    if not measured["pass"]:
+        return total, 0.0
+    fixed, per_step = measured["pass"]
+    per_pivot = len(settings.passes) * (fixed + per_step * settings.max_cont_tokens) / measured["pivots"]
+    return total + per_pivot * sum(pivots_of(groups[i], settings) for i in todo), per_pivot
 
 
 def estimate_line(groups: list[list], todo: list[int], settings, measured: dict) -> str:
-    """The plan's cost from a calibration: each group's longest response forced, and every pivot's passes at
-    the full continuation length, at the calibration's rates."""
-    forced = sum(max(len(r.response_ids) for r in groups[i]) for i in todo) * measured["forced_step_s"]
-    pivots = sum(len(r.positions) if r.positions is not None else min(settings.max_pivots_per_rollout,
-                                                                        len(r.response_ids))
-                 for i in todo for r in groups[i])
-    per_pivot = (measured["pivot_token_s"] or 0.0) * settings.max_cont_tokens * len(settings.passes)
-    total = forced + pivots * per_pivot
+    total, per_pivot = estimate(groups, todo, settings, measured)
     return (f"estimate: about {_duration(total)} for {len(todo)} groups with every continuation at "
-            f"--max-cont-tokens ({per_pivot:.2f} s a pivot; from a calibration of {measured['pivots']} pivots x "
-            f"{DECODE_STEPS} continuation tokens and {FORCED_STEPS} forced tokens a response)")
+            f"--max-cont-tokens ({per_pivot:.2f} s of passes a pivot; from a calibration on the first group: "
+            f"{measured['pivots']} pivots at {' and '.join(map(str, DECODE_STEPS))} continuation tokens, its "
+            f"responses forced {' and '.join(map(str, FORCED_STEPS))} tokens, after a warm-up)")
 
 
 def _duration(seconds: float) -> str:
