@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -223,6 +222,19 @@ def command(path, out, model):
             "--out", str(out), "--k", "2", "--max-cont-tokens", "6", "--margin", "9", "--max-pivots-per-rollout", "2"]
 
 
+STOP_AFTER_FIRST_RECORD = """
+import os, signal, sys
+from replaylib.credit import cli
+from replaylib.runtime import shards
+real = shards.ShardStore.record
+def record(self, *args, **kwargs):
+    real(self, *args, **kwargs)
+    os.kill(os.getpid(), signal.SIGSTOP)
+shards.ShardStore.record = record
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
 def test_a_killed_run_resumes_from_its_shards_to_the_same_bytes(tiny_engine, tiny_model_dir, tmp_path):
     # two prompts: two groups, two shards
     rows = sampled_rollouts(tiny_engine, n=2, max_new=8) + sampled_rollouts(tiny_engine, n=2, max_new=8,
@@ -231,16 +243,14 @@ def test_a_killed_run_resumes_from_its_shards_to_the_same_bytes(tiny_engine, tin
     env = dict(os.environ, PYTHONPATH=str(REPO))
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     subprocess.run(command(path, whole, tiny_model_dir), env=env, check=True, capture_output=True)
-    proc = subprocess.Popen(command(path, cut, tiny_model_dir), env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    record = cut / "shards" / "resume.json"
-    deadline = time.time() + 600  # a guard against a hang, not a speed target
-    while time.time() < deadline and proc.poll() is None:
-        if record.exists() and json.loads(record.read_text())["units"]:
-            break
-        time.sleep(0.05)
+    # the run stops itself once its first group is recorded, and is killed there (never by the machine's speed)
+    proc = subprocess.Popen([sys.executable, "-c", STOP_AFTER_FIRST_RECORD, *command(path, cut, tiny_model_dir)[3:]],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status = os.waitpid(proc.pid, os.WUNTRACED)
+    assert os.WIFSTOPPED(status), f"the run ended (status {status}) before its first group was recorded"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    record = cut / "shards" / "resume.json"
     done = [rel for unit in json.loads(record.read_text())["units"].values() for rel, _ in unit["parts"].values()]
     kept = {rel: (cut / "shards" / rel).stat().st_mtime_ns for rel in done}
     assert 0 < len(done) and not (cut / "credit.parquet").exists()
