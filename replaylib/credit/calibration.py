@@ -34,8 +34,10 @@ def calibrate(engine, settings, group: list, clock=time.perf_counter) -> dict:
         out = call()
         return clock() - started, out
 
+    def cut(n: int) -> list[list[int]]:  # the group's responses, their first n tokens
+        return [r.response_ids[:n] for r in group]
+
     prompt = list(group[0].prompt_ids)
-    cut = lambda n: [r.response_ids[:n] for r in group]  # noqa: E731
     forced_steps = tuple(max(len(r) for r in cut(n)) for n in FORCED_STEPS)
     engine.force_trunks(prompt, cut(2), 5)  # warm-up
     t_short, _ = timed(lambda: engine.force_trunks(prompt, cut(FORCED_STEPS[0]), 5))
