@@ -13,7 +13,6 @@ stages' runner without shards)."""
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 
 import pandas as pd
@@ -21,14 +20,11 @@ import pandas as pd
 from ..measure.credit import TOOL_PASSES
 from .batches import read_input
 from .checks import check_lengths
-from .diagnostics import warnings
 from .inputs import BadInput
-from .kernel import KERNEL, groups_of
-from .timings import grader_totals
-from .tool import GivenEngine, Settings, check_seeds, context_of, describe, model_files, open_executor, summarize, \
-    vocab_of
+from .kernel import groups_of
+from .tool import GivenEngine, Settings, check_seeds, compute_groups, context_of, describe, model_files, \
+    open_executor, results, vocab_of
 
-log = logging.getLogger("replaylib")
 CERTIFIED = ("bit-exact", "within arithmetic")
 
 
@@ -67,7 +63,7 @@ class Estimator:
             settings.setdefault("engine", shown.get("engine", "hf"))
             settings.setdefault("device", "cuda" if "cuda" in str(shown.get("device", "")) else "cpu")
             settings.setdefault("dtype", shown.get("dtype", "bfloat16"))
-        name = model if isinstance(model, str) else engine.describe().get("model", "in memory")
+        name = model if isinstance(model, str) else shown.get("model", "in memory")
         self.settings = Settings(model=name, grader=grader, **settings)
         self.settings.check()
         if engine is not None:
@@ -95,25 +91,15 @@ class Estimator:
 
     def __call__(self, batch) -> pd.DataFrame:
         """This batch's credit: one row per pivot (the columns of credit.parquet); its summary in ``summary``."""
-        from ..runtime.units import Lent, compute
         started = time.perf_counter()
         source, rollouts = read_input(batch, self.vocab)
         check_seeds(rollouts, self.settings, source)
         check_lengths(rollouts, self.context, self.settings, source)
         inputs = {"groups": groups_of(rollouts), "path": source}
         with self._evaluating():
-            try:
-                computed = compute(KERNEL, self.settings, inputs, lambda n: Lent(self.executor), prefix="credit",
-                                   show=self.progress)
-            except BadInput as e:  # from a Ray actor it carries the actor's traceback: the one line is its cause's
-                raise BadInput(str(getattr(e, "cause", None) or e)) from None
-        frame = KERNEL.assemble(self.settings, inputs, computed.done).result
-        timing = [{"passes": computed.done[u.name]["timing"]} for u in KERNEL.plan(self.settings, inputs, {})]
-        self.summary = summarize(frame, self.settings, len(rollouts), self.described)
-        self.summary.update(grader=grader_totals(timing), warnings=warnings(frame, self.settings),
-                            seconds=round(time.perf_counter() - started, 3))
-        for line in self.summary["warnings"]:
-            log.warning("warning: %s", line)
+            computed = compute_groups(self.settings, inputs, self.executor, show=self.progress)
+        frame, _, self.summary = results(self.settings, inputs, computed, len(rollouts), self.described)
+        self.summary["seconds"] = round(time.perf_counter() - started, 3)
         return frame
 
     estimate = __call__

@@ -10,17 +10,10 @@ import json
 import os
 import sys
 import tempfile
-import threading
-import time
+
+from ..core.processes import stop_with_parent
 
 HEAD = 300  # characters of a call's printed output kept for the summary
-
-
-def _watch_parent(parent: int) -> None:
-    while True:
-        time.sleep(1.0)
-        if os.getppid() != parent:
-            os._exit(1)
 
 
 def _printed(sink) -> tuple[int, str]:
@@ -40,7 +33,7 @@ def main(spec: str, kind: str) -> None:
     sink = tempfile.TemporaryFile()
     os.dup2(sink.fileno(), 1)
     os.dup2(sink.fileno(), 2)
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    stop_with_parent(os.getppid())
 
     def reply(**fields):
         replies.write(json.dumps(fields) + "\n")

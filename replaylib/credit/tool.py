@@ -7,7 +7,6 @@ ran."""
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import logging
 from dataclasses import asdict, dataclass, field
@@ -186,12 +185,6 @@ def context_of(engine) -> int | None:
     return getattr(config, "max_model_len", None)
 
 
-def observes(engine) -> bool:
-    """Whether the engine's forced decoding hands its logits to an observer (transformers' does; vLLM's
-    returns its top-k only)."""
-    return "observe" in inspect.signature(engine.force_trunks).parameters
-
-
 def describe(engine) -> dict:
     return engine.describe()
 
@@ -262,12 +255,35 @@ def grader_source(spec) -> str:
     return sha256_file(found.origin) if found is not None and found.origin and Path(found.origin).is_file() else ""
 
 
+def compute_groups(settings: Settings, inputs: dict, executor, store=None, where=None, show: bool = True):
+    """Every group's rows on the executor's engines (the stages' runner), reused from store where it holds
+    them."""
+    from ..runtime.units import Lent, compute
+    try:
+        return compute(KERNEL, settings, inputs, lambda n: Lent(executor), store, where, "credit", show=show)
+    except BadInput as e:  # from a Ray actor it carries the actor's traceback: the one line is its cause's
+        raise BadInput(str(getattr(e, "cause", None) or e)) from None
+
+
+def results(settings: Settings, inputs: dict, computed, n_rollouts: int, described: dict):
+    """(the rows of every group, each group's timing, the summary with the grader's counts and the warnings,
+    each warning logged)."""
+    frame = KERNEL.assemble(settings, inputs, computed.done).result
+    timing = [{"group": i, "rollouts": u.size, "reused": u.name not in computed.ran,
+               "passes": computed.done[u.name]["timing"]} for i, u in enumerate(KERNEL.plan(settings, inputs, {}))]
+    summary = summarize(frame, settings, n_rollouts, described)
+    summary["grader"] = timings.grader_totals(timing)
+    summary["warnings"] = warnings(frame, settings)
+    for line in summary["warnings"]:
+        log.warning("warning: %s", line)
+    return frame, timing, summary
+
+
 def run(rollouts, out, settings: Settings, engine=None) -> dict:
     """The tool: check everything first (BadInput: nothing written), then compute and write, holding --out
     for this run alone. rollouts: a JSONL path or a batch (replaylib.credit.batches); engine: one already
     loaded (its settings must be these); otherwise the executor of settings starts them."""
     from ..runtime.shards import ShardStore
-    from ..runtime.units import Lent, compute
     from .report import report_html
     settings.check()
     out = check_out(out)
@@ -275,13 +291,16 @@ def run(rollouts, out, settings: Settings, engine=None) -> dict:
         tok, vocab, context = engine.tok, vocab_of(engine), context_of(engine)
     else:
         tok, vocab, context = model_files(settings)
-    grade = graders.for_settings(settings, lambda ids: tok.decode(ids, skip_special_tokens=True))
+    def decode(ids) -> str:
+        return tok.decode(ids, skip_special_tokens=True)
+
+    grade = graders.for_settings(settings, decode)
     path, rollouts = read_input(rollouts, vocab)
     check_seeds(rollouts, settings, path)
     check_lengths(rollouts, context, settings, path)
     first = rollouts[0]
     try:  # the grader on a real text before anything is written
-        grade(tok.decode(first.response_ids, skip_special_tokens=True), first)
+        grade(decode(first.response_ids), first)
     except graders.GraderFailed as e:
         raise BadInput(f"{path}:{first.line}: field 'ground_truth': {e}") from None
     inputs = {"groups": groups_of(rollouts), "path": path}
@@ -302,24 +321,13 @@ def run(rollouts, out, settings: Settings, engine=None) -> dict:
             if todo:  # what it will cost, from a short calibration on the engine
                 measured = executor.call(calibrate, settings, inputs["groups"][todo[0]])
                 log.info(estimate_line(inputs["groups"], todo, settings, measured))
-            try:
-                computed = compute(KERNEL, settings, inputs, lambda n: Lent(executor), store, out / "shards", "credit")
-            except BadInput as e:  # from a Ray actor it carries the actor's traceback: the one line is its cause's
-                raise BadInput(str(getattr(e, "cause", None) or e)) from None
+            computed = compute_groups(settings, inputs, executor, store, out / "shards")
         finally:
             executor.close()
-        frame = KERNEL.assemble(settings, inputs, computed.done).result
-        timing = [{"group": i, "rollouts": u.size, "reused": u.name not in computed.ran,
-                   "passes": computed.done[u.name]["timing"]} for i, u in enumerate(units)]
-        summary = summarize(frame, settings, len(rollouts), described)
-        summary["grader"] = timings.grader_totals(timing)
-        summary["warnings"] = warnings(frame, settings)
-        for line in summary["warnings"]:
-            log.warning("warning: %s", line)
+        frame, timing, summary = results(settings, inputs, computed, len(rollouts), described)
         atomic_save(out / "credit.parquet", lambda tmp: frame.to_parquet(tmp, index=False))
         atomic_write_json(out / "summary.json", summary)
         atomic_write_json(out / "timing.json", timings.throughput(timing, settings))
-        page = report_html(frame, summary, {str(r.id): r for r in rollouts},
-                           lambda ids: tok.decode(ids, skip_special_tokens=True))
+        page = report_html(frame, summary, {str(r.id): r for r in rollouts}, decode)
         atomic_write_bytes(out / "report.html", page.encode())
     return summary
