@@ -128,16 +128,25 @@ def test_a_verl_dataproto_batch_with_its_extra_info_reaches_the_grader(rows, tin
 
 def test_a_vllm_engine_built_without_the_forcing_settings_is_refused_in_one_line():
     from replaylib.measure.engine import EngineUnavailable
-    from replaylib.measure.vllm_given import engine_around, llm_settings
+    from replaylib.measure.vllm_given import engine_around, llm_settings, missing_settings
     model_config = SimpleNamespace(logits_processors=None, logprobs_mode="processed_logprobs", model="m")
-    llm = SimpleNamespace(llm_engine=SimpleNamespace(model_config=model_config, vllm_config=SimpleNamespace(
+    llm = SimpleNamespace(llm_engine=SimpleNamespace(model_config=model_config, log_stats=True, vllm_config=SimpleNamespace(
         cache_config=SimpleNamespace(enable_prefix_caching=True))))
     with pytest.raises(EngineUnavailable) as e:
         engine_around(llm)
-    assert "built without logits_processors, logprobs_mode" in str(e.value) and "\n" not in str(e.value)
+    assert "built without logits_processors=" in str(e.value) and "logprobs_mode='raw_logprobs'" in str(e.value)
+    assert "\n" not in str(e.value)
     model_config.logits_processors, model_config.logprobs_mode = llm_settings()["logits_processors"], "raw_logprobs"
-    from replaylib.measure.vllm_given import missing_settings
     assert missing_settings(llm) == []
+    # vLLM's default: no stats, so no preemption count, and no resume could be verified
+    llm.llm_engine.log_stats = False
+    assert missing_settings(llm) == ["disable_log_stats=False"]
+    assert llm_settings()["disable_log_stats"] is False
+
+
+def test_the_estimator_is_where_the_docs_call_it():
+    from replaylib.credit import Estimator as imported
+    assert credit.Estimator is imported is Estimator
 
 
 def test_an_estimator_takes_one_model_and_a_model_in_memory_needs_its_tokenizer(tiny_model_dir):

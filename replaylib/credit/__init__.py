@@ -32,8 +32,15 @@ def estimate(batch, model=None, grader="gsm8k", out=None, *, tokenizer=None, llm
         return estimator(batch)
 
 
+def __getattr__(name: str):
+    if name == "Estimator":  # imported on first use: the command's start-up stays light
+        from .estimator import Estimator
+        return Estimator
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def llm_settings() -> dict:
     """What to pass to vllm.LLM(model, ...) so that an Estimator can use that LLM (llm=...): the forcing logits
-    processor, prefix caching and raw logprobs (replaylib.measure.vllm_given)."""
+    processor, prefix caching, raw logprobs and stats on (replaylib.measure.vllm_given)."""
     from ..measure.vllm_given import llm_settings as settings
     return settings()
