@@ -151,12 +151,12 @@ def test_every_field_and_alias_reads_the_same_rollout(rollouts):
 def test_the_graders(rollouts):
     from replaylib.credit import graders
     r = inputs.parse_line(json.dumps(dict(rollouts[0], ground_truth="72")), "f:1", VOCAB)
-    assert graders.scorer(graders.load("gsm8k"), "gsm8k", 0)("so the answer is 72", r) == 1
-    assert graders.scorer(graders.load("math"), "math", 0)("the answer is $\\boxed{72}$", r) == 1
-    assert graders.scorer(graders.load("math"), "math", 0)("the answer is $\\boxed{71}$", r) == 0
-    user = graders.scorer(graders.load("tests.credit_grader:compute_score"), "u", 0)
+    assert graders.Grader("gsm8k", 0)("so the answer is 72", r) == 1
+    assert graders.Grader("math", 0)("the answer is $\\boxed{72}$", r) == 1
+    assert graders.Grader("math", 0)("the answer is $\\boxed{71}$", r) == 0
+    user = graders.Grader("tests.credit_grader:compute_score", 0)
     assert user("7 apples", r) == 1 and user("no", r) == 0
-    assert graders.scorer(graders.load("tests.credit_grader:always"), "u", 1)("x", r) == 0  # --success-above 1
+    assert graders.Grader("tests.credit_grader:always", 1)("x", r) == 0  # --success-above 1
 
 
 def bad_cases(rollouts):

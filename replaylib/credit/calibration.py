@@ -10,6 +10,7 @@ import math
 import time
 
 from ..measure.engine import ARMS, PassSettings, PivotJob
+from .diagnostics import planned_pivots
 
 FORCED_STEPS = (4, 16)  # tokens of each response forced, the two calls
 DECODE_STEPS = (2, 8)  # continuation tokens of the two passes
@@ -63,11 +64,6 @@ def calibrate(engine, settings, group: list, clock=time.perf_counter) -> dict:
     return {"forced": forced, "pass": fit(steps, tuple(one_pass(n) for n in steps)), "pivots": len(jobs)}
 
 
-def pivots_of(group: list, settings) -> int:
-    return sum(len(r.positions) if r.positions is not None else min(settings.max_pivots_per_rollout,
-                                                                     len(r.response_ids)) for r in group)
-
-
 def estimate(groups: list[list], todo: list[int], settings, measured: dict) -> tuple[float, float]:
     """(seconds for the plan, seconds of passes a pivot): each group's longest response forced, and each pass
     over its pivots at the full continuation length, scaled from the calibration's pivots."""
@@ -77,7 +73,7 @@ def estimate(groups: list[list], todo: list[int], settings, measured: dict) -> t
         return total, 0.0
     fixed, per_step = measured["pass"]
     per_pivot = len(settings.passes) * (fixed + per_step * settings.max_cont_tokens) / measured["pivots"]
-    return total + per_pivot * sum(pivots_of(groups[i], settings) for i in todo), per_pivot
+    return total + per_pivot * sum(planned_pivots(groups[i], settings) for i in todo), per_pivot
 
 
 def estimate_line(groups: list[list], todo: list[int], settings, measured: dict) -> str:

@@ -9,13 +9,18 @@ import pandas as pd
 from ..measure.engine import ARMS
 
 
+def planned_pivots(rollouts: list, settings) -> int:
+    """The pivots of these rollouts at most: their given positions, else --max-pivots-per-rollout (the margin
+    rule may find fewer)."""
+    return sum(len(r.positions) if r.positions is not None else min(settings.max_pivots_per_rollout,
+                                                                     len(r.response_ids)) for r in rollouts)
+
+
 def plan_line(groups: list[list], todo: list[int], settings) -> str:
     """Rollouts, pivots, passes x arms x K and continuation tokens of what is to be computed (pivots at most:
     the margin rule may find fewer)."""
     rollouts = [r for i in todo for r in groups[i]]
-    given = sum(len(r.positions) for r in rollouts if r.positions is not None)
-    ruled = sum(min(settings.max_pivots_per_rollout, len(r.response_ids)) for r in rollouts if r.positions is None)
-    pivots = given + ruled
+    pivots = planned_pivots(rollouts, settings)
     runs = len(settings.passes) * len(ARMS) * settings.k
     reused = len(groups) - len(todo)
     return (f"plan: {sum(map(len, groups))} rollouts in {len(groups)} prompt groups"

@@ -18,12 +18,9 @@ import time
 import pandas as pd
 
 from ..measure.credit import TOOL_PASSES
-from .batches import read_input
-from .checks import check_lengths
 from .inputs import BadInput
-from .kernel import groups_of
-from .tool import GivenEngine, Settings, check_seeds, compute_groups, context_of, describe, model_files, \
-    open_executor, results, vocab_of
+from .tool import GivenEngine, Settings, compute_groups, context_of, describe, model_files, open_executor, \
+    read_checked, results, vocab_of
 
 CERTIFIED = ("bit-exact", "within arithmetic")
 
@@ -92,10 +89,7 @@ class Estimator:
     def __call__(self, batch) -> pd.DataFrame:
         """This batch's credit: one row per pivot (the columns of credit.parquet); its summary in ``summary``."""
         started = time.perf_counter()
-        source, rollouts = read_input(batch, self.vocab)
-        check_seeds(rollouts, self.settings, source)
-        check_lengths(rollouts, self.context, self.settings, source)
-        inputs = {"groups": groups_of(rollouts), "path": source}
+        _, rollouts, inputs = read_checked(batch, self.settings, self.vocab, self.context)
         with self._evaluating():
             computed = compute_groups(self.settings, inputs, self.executor, show=self.progress)
         frame, _, self.summary = results(self.settings, inputs, computed, len(rollouts), self.described)

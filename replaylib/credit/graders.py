@@ -67,6 +67,11 @@ def load(spec: str):
     return fn
 
 
+def check_kind(kind: str) -> None:
+    if kind not in ("auto", *KINDS):
+        raise BadInput(f"--grader-kind {kind}: choose auto, {', '.join(KINDS)}")
+
+
 class GraderProcess:
     """A user's grader in a process of its own, started on first use and again after it was stopped."""
 
@@ -139,8 +144,7 @@ class Grader:
         self.spec = getattr(spec, "__name__", type(spec).__name__) if given else spec
         self.success_above, self.decode = success_above, decode
         self.fn = spec if given else load(spec)
-        if kind not in ("auto", *KINDS):
-            raise BadInput(f"--grader-kind {kind}: choose auto, {', '.join(KINDS)}")
+        check_kind(kind)
         self.kind = "verl" if self.spec in BUILT_IN and not given else kind_of(self.fn) if kind == "auto" else kind
         if given or spec in BUILT_IN:
             self.process = None
@@ -183,16 +187,3 @@ class Grader:
 
 def for_settings(settings, decode=None) -> Grader:
     return Grader(settings.grader, settings.success_above, settings.grader_timeout, settings.grader_kind, decode)
-
-
-def scorer(fn, spec: str, success_above: float):
-    """grade(text, rollout) -> 0 or 1 for a verl-style scoring function called in this process (tests,
-    notebooks)."""
-    def grade(text: str, rollout) -> int:
-        try:
-            score = call_grader(fn, "verl", {"data_source": rollout.data_source, "solution_str": text,
-                                             "ground_truth": rollout.ground_truth, "extra_info": rollout.extra_info})
-        except Exception as e:  # noqa: BLE001 - the user's grader: reported, not trusted
-            raise GraderFailed(f"--grader {spec} {describe_failure(e)}") from None
-        return int(score > success_above)
-    return grade

@@ -10,7 +10,8 @@ import os
 import time
 from pathlib import Path
 
-from ..core.files import FILE_MODE, atomic_write_json
+from ..core.files import atomic_write_json
+from ..runtime.locks import open_lock, try_lock
 from .inputs import BadInput
 
 MARKER = ".replaylib-credit"  # written first into every directory the tool writes to
@@ -53,21 +54,17 @@ def _locked(lock: Path, create: bool = True):
     """An exclusive flock on the lock file, or BadInput naming the run that holds it."""
     out = lock.parent
     try:
-        if create and lock.is_symlink():  # a lock is a plain file: a link planted here is replaced, not written through
-            lock.unlink()
-        fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT if create else 0), FILE_MODE)
+        fd = open_lock(lock, create)
     except OSError as e:
         raise BadInput(f"--out {out}: cannot be written ({e.strerror or e}); give a directory you can write") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if not try_lock(fd):
         try:
             pid = json.loads(os.pread(fd, 4096, 0) or b"{}").get("pid", "?")
         except ValueError:
             pid = "?"
         os.close(fd)
         raise BadInput(f"--out {out}: another credit run (pid {pid}) is writing there; wait for it to finish or "
-                       f"give another --out") from None
+                       f"give another --out")
     try:
         yield fd
     finally:

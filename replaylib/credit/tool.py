@@ -85,8 +85,7 @@ class Settings:
                            "--engine vllm")
         if self.executor not in ("local", "ray"):
             raise BadInput(f"--executor {self.executor}: choose local or ray")
-        if self.grader_kind not in ("auto", *graders.KINDS):
-            raise BadInput(f"--grader-kind {self.grader_kind}: choose auto, {', '.join(graders.KINDS)}")
+        graders.check_kind(self.grader_kind)
 
     def key(self) -> str:
         what = {k: v for k, v in asdict(self).items() if k not in WHERE + ("grader_timeout",)}
@@ -255,6 +254,15 @@ def grader_source(spec) -> str:
     return sha256_file(found.origin) if found is not None and found.origin and Path(found.origin).is_file() else ""
 
 
+def read_checked(batch, settings: Settings, vocab: int, context: int | None) -> tuple[str, list, dict]:
+    """(what errors name, the rollouts, the kernel's inputs) of a JSONL path or a batch, every rollout checked
+    against the settings and the model's context (BadInput: the first bad one)."""
+    source, rollouts = read_input(batch, vocab)
+    check_seeds(rollouts, settings, source)
+    check_lengths(rollouts, context, settings, source)
+    return source, rollouts, {"groups": groups_of(rollouts), "path": source}
+
+
 def compute_groups(settings: Settings, inputs: dict, executor, store=None, where=None, show: bool = True):
     """Every group's rows on the executor's engines (the stages' runner), reused from store where it holds
     them."""
@@ -295,15 +303,12 @@ def run(rollouts, out, settings: Settings, engine=None) -> dict:
         return tok.decode(ids, skip_special_tokens=True)
 
     grade = graders.for_settings(settings, decode)
-    path, rollouts = read_input(rollouts, vocab)
-    check_seeds(rollouts, settings, path)
-    check_lengths(rollouts, context, settings, path)
+    path, rollouts, inputs = read_checked(rollouts, settings, vocab, context)
     first = rollouts[0]
     try:  # the grader on a real text before anything is written
         grade(decode(first.response_ids), first)
     except graders.GraderFailed as e:
         raise BadInput(f"{path}:{first.line}: field 'ground_truth': {e}") from None
-    inputs = {"groups": groups_of(rollouts), "path": path}
     executor = open_executor(settings, engine)  # a model, device or library missing: one line, nothing written
     with holding(out):
         try:

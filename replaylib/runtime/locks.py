@@ -67,13 +67,11 @@ class StageLock:
             raise OSError(f"{self.path.parent}: cannot create the run directory ({e.strerror or e}); fix the path "
                           f"or set REPLAYLIB_OUT") from None
         try:
-            if self.path.is_symlink():  # a lock is a plain file: a link planted here is replaced, not written through
-                self.path.unlink()
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
+            fd = open_lock(self.path)
         except OSError as e:
             raise OSError(f"{self.path}: cannot open the stage's lock ({e.strerror or e}); remove what is there "
                           f"(a lock is a plain file)") from None
-        if not _flock(fd):
+        if not try_lock(fd):
             holder = self.holder()
             if token and hmac.compare_digest(str(holder.get("token_sha256", "")), _token_digest(token)):
                 os.close(fd)
@@ -84,7 +82,7 @@ class StageLock:
                 log.warning("%s of %s: waiting for runner pid %s to stop (its campaign, pid %s, has ended; at "
                             "most %.0f s)", self.stage, self.config, holder.get("pid"), holder["stops_with"],
                             STOPPING_WAIT_S)
-            if not (stopping and _flock(fd, wait_s=STOPPING_WAIT_S)):
+            if not (stopping and try_lock(fd, wait_s=STOPPING_WAIT_S)):
                 os.close(fd)
                 raise StageBusy(self._busy(holder))
         os.ftruncate(fd, 0)
@@ -119,7 +117,15 @@ def _stopping(holder: dict) -> bool:
     return isinstance(holder.get("stops_with"), int) and not alive(holder["stops_with"])
 
 
-def _flock(fd: int, wait_s: float = 0.0) -> bool:
+def open_lock(path: Path, create: bool = True) -> int:
+    """A lock file's descriptor (OSError if it cannot be opened). A lock is a plain file: a link planted at its
+    path is replaced, not written through."""
+    if create and path.is_symlink():
+        path.unlink()
+    return os.open(path, os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT if create else 0), FILE_MODE)
+
+
+def try_lock(fd: int, wait_s: float = 0.0) -> bool:
     """Take the exclusive lock on fd, trying for up to wait_s; whether it was taken."""
     deadline = time.monotonic() + wait_s
     while True:
