@@ -2,7 +2,7 @@
 
     python -m replaylib.report --records FILE [FILE ...] --json OUT.json
     python -m replaylib.report --verify runs/<config>
-    python -m replaylib.report --html ROOT/runs/<config>   (the report site: replaylib/site.py)
+    python -m replaylib.report --html ROOT/runs/<config>   (the report site: replaylib/display/site.py)
 
 Loads each records file (published JSON, or this package's .parquet / .jsonl), pools
 them (``records.pool``: files of different protocols, or a file repeating a

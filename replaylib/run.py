@@ -131,13 +131,18 @@ def quiet(log_path: Path):
 
 
 class StageLine:
-    """The stage's one terminal line: a tqdm bar drawn from the progress file the stage writes."""
+    """The stage's one terminal line: a tqdm bar drawn from the progress file the stage writes. On a stream
+    that is not a terminal (a log file, a pipe) tqdm's redraws (each a carriage return) would make one very
+    long line: there it writes plain lines instead, at most one every 30 s, and the last."""
 
     def __init__(self, stage: str, stage_dir: Path, term):
-        self.stage, self.stage_dir, self.tty = stage, stage_dir, term.isatty()
+        import io
+        self.stage, self.stage_dir, self.tty, self.term = stage, stage_dir, term.isatty(), term
         # a terminal's width (a pty of unknown size reports 0: the fallback); a log file's lines are not cut
         width = min(shutil.get_terminal_size((120, 24)).columns, 160) if self.tty else None
-        self.bar = tqdm(desc=stage, file=term, bar_format="{desc} [{elapsed}]", leave=True, ncols=width)
+        # off a terminal the bar only formats the line: what tqdm draws itself goes nowhere
+        self.bar = tqdm(desc=stage, file=term if self.tty else io.StringIO(), bar_format="{desc} [{elapsed}]",
+                        leave=True, ncols=width)
         self.last_draw = 0.0
 
     def poll(self, final: bool = False, failed: bool = False) -> None:
@@ -155,8 +160,11 @@ class StageLine:
             self.bar.desc = f"{self.stage} {state['desc']}"
         if failed:  # getattr: a bar disabled by TQDM_DISABLE has no desc until one is set
             self.bar.desc = f"{getattr(self.bar, 'desc', '') or self.stage} FAILED"
-        if final or self.tty or time.time() - self.last_draw > 30:  # a log file gets a line every 30 s
+        if self.tty:
             self.bar.refresh()
+        elif final or time.time() - self.last_draw > 30:  # a log file gets a line every 30 s, and the last
+            if not self.bar.disable:  # TQDM_DISABLE: no line, as on a terminal
+                self.term.write(f"{self.bar}\n")
             self.last_draw = time.time()
 
     def follow(self, stop: threading.Event) -> None:

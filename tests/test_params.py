@@ -133,3 +133,12 @@ def test_files_written_on_extends_keep_their_stage_keys():
         assert new == params.load(old), old.name
         assert all(new.stage_key(s) == params.load(old).stage_key(s) for s in STAGES)
         assert "extends: paper-primary.yaml" in (repo / "params" / old.name).read_text()
+
+
+def test_the_repr_is_config_and_the_values_that_differ_from_the_defaults():
+    """A notebook's set-up cell shows P: the configuration's name and what it changes, still Python."""
+    tiny = params.load(REPO / "params" / "tiny.yaml")
+    shown = repr(tiny)
+    assert shown.startswith("Params(config='tiny', model='tiny:0', n_problems=2, screen_mixed=False, ")
+    assert len(shown) < 400 and eval(shown, {"Params": Params}) == tiny
+    assert repr(Params()) == "Params(config='embedded')"

@@ -1,4 +1,6 @@
-"""The README quotes no number by hand: its tables are the generated files (tools/readme_tables.py)."""
+"""The README quotes no number by hand: its tables are the generated files (tools/readme_tables.py); the package
+and its documents name only modules that exist."""
+import re
 from pathlib import Path
 
 import readme_tables
@@ -19,3 +21,26 @@ def test_the_readme_tables_are_the_generated_ones():
 
 def test_the_readme_reads_in_minutes():
     assert len((REPO / "README.md").read_text().splitlines()) <= 200
+
+
+# named paths left for the owner of the file that names them: (file, path named)
+LEFT = {("replaylib/runtime/params.py", "replaylib/executor.py"),  # a comment (runtime/executor.py)
+        ("replaylib/runtime/params.py", "replaylib/params.py"),  # the message of a key that is not text
+        ("replaylib/core/recording.py", "replaylib/measure/x.py")}  # an example of a form, not a file
+
+
+def test_every_module_the_package_and_its_documents_name_exists():
+    """A `replaylib/...py` path written in the package, the params files, the docs, the README or the notebooks
+    is a file. The GPU lease records (docs/gpu-h200.md, docs/gpu-h200/) keep the paths of their time."""
+    named = re.compile(r"(?<![\w./-])replaylib/[\w/]*\w\.py")
+    places = [REPO / "README.md"] + [p for d in ("replaylib", "params", "docs", "notebooks")
+                                     for p in sorted((REPO / d).rglob("*")) if p.is_file()]
+    missing = []
+    for place in places:
+        rel = place.relative_to(REPO).as_posix()
+        if rel.startswith("docs/gpu-h200") or place.suffix == ".pyc":
+            continue
+        for path in set(named.findall(place.read_text(errors="replace"))):
+            if not (REPO / path).is_file() and (rel, path) not in LEFT:
+                missing.append(f"{rel} names {path}")
+    assert not missing, "\n".join(sorted(missing))

@@ -61,6 +61,27 @@ def test_the_runner_draws_the_stage_line_from_the_progress_file(tmp_path, monkey
     assert "4/4" not in term.getvalue() and "1/4 pivot-pass" in term.getvalue().split("\r")[-1]
 
 
+def test_a_stream_that_is_not_a_terminal_gets_plain_lines_every_30_s_and_the_last(tmp_path, monkeypatch):
+    """A log file or a pipe: newline-terminated lines, never tqdm's carriage-return redraws."""
+    monkeypatch.setattr(progress, "WRITE_EVERY_S", 0.0)
+    term = io.StringIO()  # isatty() is False
+    line = StageLine("03_three_pass_replay", tmp_path, term)
+    bar = progress.bar(tmp_path, "replay", 4, "pivot-pass")
+    for _ in range(3):
+        progress.update(1)
+        line.poll()
+    assert term.getvalue().count("\n") == 1  # the first poll's line; the next ones within 30 s write none
+    line.last_draw -= 31  # 30 s later
+    line.poll()
+    bar.close()
+    line.poll(final=True)
+    line.bar.close()
+    text = term.getvalue()
+    assert "\r" not in text and text.endswith("\n") and len(text.splitlines()) == 3
+    assert all(x.startswith("03_three_pass_replay replay") for x in text.splitlines())
+    assert "1/4 pivot-pass" in text.splitlines()[0] and "3/4 pivot-pass" in text.splitlines()[-1]
+
+
 def test_options_and_stage_names_mix_in_any_order(tmp_path, capsys):
     tiny = str(REPO / "params" / "tiny.yaml")
     assert main([tiny, "--dry-run", "03", "--out", str(tmp_path)]) == 0

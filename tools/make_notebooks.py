@@ -21,25 +21,38 @@ from replaylib.runtime.registry import CAMPAIGN, EXECUTOR_STAGES, STAGES
 
 def parameters_source(stage: str) -> str:
     """The parameters cell of a stage notebook: plain literals (papermill parses one '=' a line), the
-    defaults, each with its meaning; the upstream stages' values arrive in `upstream`."""
+    defaults, each with its meaning, the ones that apply only to Ray or to vLLM under a header saying so;
+    the upstream stages' values arrive in `upstream`."""
     fields = {f.name: f for f in dataclasses.fields(Params)}
     defaults = Params()
 
     def line(k):
         return f"{k} = {getattr(defaults, k)!r}  # {fields[k].metadata['doc']}"
 
-    lines = ["# Parameters: plain literals, defaults = the embedded CPU configuration (params/embedded.yaml).",
-             "# `python -m replaylib.run PARAMS.yaml` or papermill -p overrides them.",
+    def only(keys, start):  # the keys whose meaning starts with `start`: they apply to one engine or executor
+        return [k for k in keys if fields[k].metadata["doc"].startswith(start)]
+
+    lines = ["# Parameters (plain literals): a value left as it is comes from the configuration `config` names "
+             "(its params file,",
+             "# or its finished run); a value changed here is a tweak: the run goes to a run directory named after "
+             "what differs.",
              line("config"),
              'out_dir = ""  # root of runs/, figures/ and tables/ (empty: the repository)',
              "upstream = {}  # the upstream stages' parameters (the runner passes them; empty: their params.json)",
              "preview = True  # run the first unit on its own before the stage, to look at it (it writes nothing "
              "kept; the runner passes False unless given --preview)"]
-    if stage in EXECUTOR_STAGES:  # where the engines run: in no stage key (replaylib/executor.py)
-        lines.append("# executor")
-        lines += [line(k) for k in EXECUTOR_KEYS]
+    if stage in EXECUTOR_STAGES:  # where the engines run: in no stage key (replaylib/runtime/executor.py)
+        ray = only(EXECUTOR_KEYS, "ray:")
+        lines.append("# where the engines run (in no stage's key)")
+        lines += [line(k) for k in EXECUTOR_KEYS if k not in ray]
+        lines.append("# Ray only (executor = 'ray'): its engines")
+        lines += [line(k) for k in ray]
+    vllm = only(own_keys(stage), "vLLM")
     lines.append(f"# this stage's own parameters ({stage})")
-    lines += [line(k) for k in own_keys(stage)]
+    lines += [line(k) for k in own_keys(stage) if k not in vllm]
+    if vllm:
+        lines.append("# vLLM only (engine = 'vllm'): its memory, context, kernels and serving mode")
+        lines += [line(k) for k in vllm]
     lines.append("# display (in no stage's key: changing it reruns nothing)")
     lines += [line(k) for k in Params.display_keys()]
     assert all(x.count("=") <= 1 for x in lines if not x.startswith("#")), "papermill parses one '=' a line"

@@ -4,8 +4,8 @@ The runner of a stage (replaylib.runtime.units) opens a bar for its work, `progr
 "replay", total, unit)`; a unit with phases of its own opens each with `progress.phase("trunks", total,
 unit)` (in the stage's directory, or only on the screen for a preview that writes nothing); its loops call
 `progress.update(n)`, and the engines report every decode step with `progress.tokens(n_tokens,
-rows_finished)`. The bar is a tqdm.auto bar (a widget in Jupyter)
-and is also written, at most twice a second, to `<stage_dir>/progress.json`. A stage runs
+rows_finished)`. The bar is a tqdm.auto bar (a widget in Jupyter where ipywidgets is installed, else
+text) and is also written, at most twice a second, to `<stage_dir>/progress.json`. A stage runs
 inside a papermill kernel whose output the terminal never sees, so the runner polls that
 file and draws the stage's line itself; under the runner (REPLAYLIB_RUNNER set) the notebook
 keeps no bar of its own. A stage whose engine runs in another process (replaylib.runtime.engine_service)
@@ -13,9 +13,11 @@ gets that process's progress as events (`forward_to` there, `apply` here).
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import time
+import warnings
 from pathlib import Path
 
 FILE = "progress.json"
@@ -24,6 +26,14 @@ WRITE_EVERY_S = 0.5
 _current: "Bar | None" = None
 _stage_dir: "Path | None" = None  # where a phase's bar is written (None: on the screen only)
 _forward = None  # in an engine server, while a unit runs: sends each progress event to its stage
+
+if importlib.util.find_spec("ipywidgets") is None:
+    # tqdm.auto's widget needs ipywidgets: without it, tqdm.auto in a kernel warns "IProgress not found" when
+    # first imported (by this module, or by transformers' and the hub's bars in a preview) and gives the text
+    # bar. Imported once here with that warning off, every later import gets the text bar quietly.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        importlib.import_module("tqdm.auto")
 
 
 class Bar:

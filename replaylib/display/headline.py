@@ -96,6 +96,13 @@ def claims_table(config: str, out_dir=None) -> pd.DataFrame | None:
     return read_table(path) if path.exists() else None
 
 
+def claims_html(config: str, out_dir=None) -> str:
+    """claims_table as HTML with every sentence in full (a notebook's display.max_colwidth cuts a frame's
+    cells); empty where the run has none."""
+    table = claims_table(config, out_dir)
+    return "" if table is None else table.to_html(index=False)
+
+
 def summary_json(config: str, out_dir=None) -> dict:
     path = stage_dir(config, "04_statistics", out_dir) / "summary.json"
     if not path.exists():

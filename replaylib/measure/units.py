@@ -33,6 +33,9 @@ class Unit:
     args: tuple = ()  # what the kernel's unit function receives after (engine, params)
     size: int = 1  # its share of the stage's progress total
 
+    def __repr__(self) -> str:  # not its args: frames, a screenful each (a notebook shows units[0])
+        return f"Unit(name={self.name!r}, label={self.label!r}, size={self.size!r})"
+
 
 @dataclass
 class Outputs:

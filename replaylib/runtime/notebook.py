@@ -18,7 +18,8 @@ def execute_notebook(notebook: Path, output: Path, parameters: dict) -> None:
     running.unlink(missing_ok=True)
     try:
         papermill.execute_notebook(str(notebook), str(running), parameters=parameters, cwd=str(REPO),
-                                   kernel_name="python3", progress_bar=False, log_output=False)
+                                   kernel_name="python3", progress_bar=False, log_output=False,
+                                   kernel_manager_class=_kernel_manager())
     except OSError as e:
         if e.filename is not None:
             raise
@@ -29,3 +30,20 @@ def execute_notebook(notebook: Path, output: Path, parameters: dict) -> None:
             os.replace(running, output)
         except (OSError, ValueError):
             running.unlink(missing_ok=True)
+
+
+def _kernel_manager():
+    """nbclient's kernel manager, without the interrupt (SIGINT) it sends a kernel before shutting it down.
+    Papermill shuts the kernel down as soon as the reply to its last request (kernel_info) arrives, while the
+    kernel may still be finishing that request, with Python's SIGINT handler in place (ipykernel sets it for
+    every request): the interrupt then lands in the request and the kernel logs "KeyboardInterrupt caught in
+    kernel." By then every cell has finished, so there is nothing to interrupt; the shutdown request follows
+    as before (SIGTERM, then SIGKILL, if the kernel does not stop)."""
+    from jupyter_client import AsyncKernelManager
+
+    class FinishedNotebookKernel(AsyncKernelManager):
+        async def _async_interrupt_kernel(self) -> None:
+            if not self.shutting_down:
+                await super()._async_interrupt_kernel()
+
+    return FinishedNotebookKernel

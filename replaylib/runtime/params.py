@@ -183,6 +183,13 @@ class Params:
                                             "where refeed changed the sign of A, else the first)", lo=-1)
 
     # ------------------------------------------------------------------
+    def __repr__(self) -> str:
+        """config and the values that differ from the defaults (every field is a screenful in a notebook)."""
+        default = Params()
+        shown = [f.name for f in dataclasses.fields(self)
+                 if f.name == "config" or getattr(self, f.name) != getattr(default, f.name)]
+        return f"Params({', '.join(f'{k}={getattr(self, k)!r}' for k in shown)})"
+
     @classmethod
     def names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
@@ -313,7 +320,7 @@ def make(overrides: dict, where: str = "parameters", scope=None) -> Params:
                              f"names are text, see replaylib/params.py")
         if name not in names:
             close = difflib.get_close_matches(name, names, n=1)
-            hint = f"did you mean '{close[0]}'?" if close else "see replaylib/params.py for the known ones"
+            hint = f"did you mean '{close[0]}'?" if close else "see replaylib/runtime/params.py for the known ones"
             raise ValueError(f"{where}: unknown parameter '{name}' ({hint})")
         clean[name] = _check_type(name, value, where)
     params = Params(**clean)
