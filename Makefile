@@ -1,7 +1,8 @@
 # make reproduce      every stage on the embedded CPU default + the paper's table and figures
 # make test           the test suite
-# make stage STAGE=03 CONFIG=embedded    rerun one stage (and whatever it needs)
+# make stage STAGE=03 CONFIG=embedded    run one stage where it is stale (and whatever it needs); ARGS=--force reruns it
 # make stage STAGE=03 SET="k=2"          the same with a value changed: the run goes to runs/embedded-k2/
+#                                        (SET holds KEY=VALUE assignments; a value may hold spaces)
 # make reproduce CONFIG=tiny             another params/<CONFIG>.yaml
 # make report CONFIG=embedded            the run's report site, site/<CONFIG>/index.html
 # make notebooks / make readme            parameters cells from the schema / the README's tables from their files
@@ -21,9 +22,11 @@ PIP_FLAGS ?=
 
 .PHONY: reproduce report paper campaign test browser stage setup model notebooks readme lab verify clean
 
-reproduce: setup model
+reproduce: export REPLAYLIB_CONFIG := $(CONFIG)
+reproduce: setup
+	$(BIN)/python -m replaylib.models fetch --if-used "params/$$REPLAYLIB_CONFIG.yaml"
 	$(BIN)/python -m replaylib.run params/paper.yaml
-	$(BIN)/python -m replaylib.run params/$(CONFIG).yaml --html
+	$(BIN)/python -m replaylib.run "params/$$REPLAYLIB_CONFIG.yaml" --html
 
 report: setup
 	$(BIN)/python -m replaylib.report --html runs/$(CONFIG)
@@ -47,8 +50,14 @@ browser:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1; } || \
 	  echo "chromium is not installed and cannot be installed here: the browser test will skip"
 
-stage: setup model
-	$(BIN)/python -m replaylib.run params/$(CONFIG).yaml $(STAGE) $(foreach s,$(SET),--set $(s))
+# CONFIG, STAGE and SET reach the runner through the environment, never through the shell's parsing: a value
+# may hold spaces, quotes or ';'
+stage: export REPLAYLIB_CONFIG := $(CONFIG)
+stage: export REPLAYLIB_STAGE := $(STAGE)
+stage: export REPLAYLIB_SET := $(SET)
+stage: setup
+	$(BIN)/python -m replaylib.models fetch --if-used "params/$$REPLAYLIB_CONFIG.yaml"
+	set -f; $(BIN)/python -m replaylib.run "params/$$REPLAYLIB_CONFIG.yaml" $$REPLAYLIB_STAGE --sets "$$REPLAYLIB_SET" $(ARGS)
 
 setup: $(VENV)/.installed
 

@@ -14,12 +14,22 @@ def main(argv: list[str] | None = None) -> int:
     p_fetch.add_argument("name", nargs="?", default="qwen2.5-coder-0.5b-instruct")
     p_fetch.add_argument("--gguf", help="use this pre-assembled GGUF instead of downloading (sha256 checked)")
     p_fetch.add_argument("--keep-gguf", action="store_true", help="keep the assembled GGUF next to the model")
+    p_fetch.add_argument("--if-used", metavar="PARAMS.yaml",
+                         help="fetch the embedded model this params file uses, and nothing when it uses none")
     p_tiny = sub.add_parser("tiny", help="build a tiny random Qwen2 model for tests")
     p_tiny.add_argument("path")
     p_tiny.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
-        if args.cmd == "fetch":
+        if args.cmd == "fetch" and args.if_used:
+            from .measure.models import EMBEDDED_PREFIX
+            from .runtime.params import load
+            model = load(args.if_used).model
+            if model.startswith(EMBEDDED_PREFIX):
+                print(fetch(model[len(EMBEDDED_PREFIX):], gguf=args.gguf, keep_gguf=args.keep_gguf))
+            else:
+                print(f"[models] {args.if_used} uses model {model}: no embedded model to fetch", file=sys.stderr)
+        elif args.cmd == "fetch":
             print(fetch(args.name, gguf=args.gguf, keep_gguf=args.keep_gguf))
         else:
             print(build_tiny_model(args.path, seed=args.seed))

@@ -1,12 +1,12 @@
 """Run stage notebooks headless: python -m replaylib.run PARAMS.yaml [STAGE ...] [--force] [--out DIR] [--html]
 [--set KEY=VALUE ...] [--preview]
 
-With no stage named, runs every stage that is missing or stale (its parameters, the code
-that computes it (replaylib.runtime.fingerprint), or an upstream stage's outputs changed
-since it finished). A named stage always reruns from scratch, after
-whatever of its upstream stages is missing or stale; --force recomputes every stage it
-runs, reusing no partial result. A stage killed midway resumes from its finished shards
-when nothing it depends on changed. Each stage is its notebook,
+With no stage named, runs every stage that is missing or stale: its parameters, the code that
+ran when it was computed or a file it read (its record, replaylib.core.recording), or an upstream
+stage's outputs changed since it finished. A named stage runs the same way, with whatever of
+its upstream stages is missing or stale (an up-to-date one is left as it is, as its notebook
+would leave it); --force recomputes every stage it runs, reusing no partial result. A stage
+killed midway resumes from its finished shards when nothing they used changed. Each stage is its notebook,
 executed by papermill into runs/<config>/<stage>/<stage>.ipynb with only the
 parameters that notebook declares. Options and stage names mix in any order. A vLLM
 engine is started once for the stages that share its settings and stopped at the end
@@ -25,6 +25,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
+import shlex
 import shutil
 import signal
 import sys
@@ -73,13 +75,12 @@ def wanted_stages(params: Params, named: list[str], upto: list[str] | None = Non
 def stages_to_copy(params: Params, named: list[str], force: bool, out_dir, upto: list[str] | None = None
                    ) -> dict[str, Path]:
     """{stage: source}: stages this configuration has not run that another configuration of this user
-    finished with the same key (a run of its own for changed values starts from them); never a named or
-    forced one."""
+    finished with the same key (a run of its own for changed values starts from them); none when forced."""
     if force:
         return {}
     found = {}
     for stage in [s for s in RUN_ORDER if s in params.reading(wanted_stages(params, named, upto))]:
-        if stage in named or StageDir(params, stage, out_dir).staleness() != "not run yet":
+        if StageDir(params, stage, out_dir).staleness() != "not run yet":
             continue
         src = find_stage_elsewhere(params, stage, out_dir, exclude=params.config)
         if src is not None:
@@ -101,8 +102,8 @@ def stages_to_run(params: Params, named: list[str], force: bool, out_dir, upto: 
         reason = None if stage in (copied or {}) else StageDir(params, stage, out_dir).staleness()
         if any(up in todo for up in params.data_upstream(stage)):
             reason = reason or "upstream reruns"
-        if explicit and (named or force):
-            reason = reason or ("named" if named else "forced")
+        if explicit and force:
+            reason = reason or "forced"
         if reason and stage not in todo:
             todo[stage] = reason
 
@@ -303,17 +304,26 @@ def shown(path: Path) -> str:
 
 
 def command(args) -> str:
-    return (f"python -m replaylib.run {args.params}" + "".join(f" --set {a}" for a in args.set)
-            + "".join(f" --upto {u}" for u in args.upto or []) + (f" --out {args.out}" if args.out else ""))
+    """The command that runs this again, each argument quoted as the shell needs it."""
+    words = ["python", "-m", "replaylib.run", str(args.params)] + [w for a in args.set for w in ("--set", a)] \
+        + [w for u in args.upto or [] for w in ("--upto", u)] + (["--out", str(args.out)] if args.out else [])
+    return shlex.join(words)
 
 
-def with_values(params: Params, assignments: list[str], where: str) -> Params:
+def assignments(text: str) -> list[str]:
+    """KEY=VALUE assignments written in one text (make's SET): each starts where a word is followed by '=', so a
+    value may hold spaces ("instruction=two words k=2" is two)."""
+    return [a for a in re.split(r"\s+(?=[A-Za-z_][A-Za-z0-9_]*=)", text.strip()) if a]
+
+
+def with_values(params: Params, assignments: list[str], where: str, out_dir=None) -> Params:
     """These parameters with --set KEY=VALUE applied (VALUE read as YAML: 2, 0.5, true, [a, b]); values that
-    change what a stage computes give the run a name of its own (runtime.tweaks), unless config is set."""
+    change what a stage computes give the run a name of its own (runtime.tweaks: what differs, and a digest
+    of the values where that name holds a run of other values), unless config is set."""
     import yaml
 
-    from .runtime.tweaks import tweaked_name
     from .runtime.params import make
+    from .runtime.tweaks import own_name
     values = {}
     for a in assignments:
         key, sep, text = a.partition("=")
@@ -327,8 +337,11 @@ def with_values(params: Params, assignments: list[str], where: str) -> Params:
     computing = {k for stage in STAGES for k in Params.keys_for(stage)}
     differing = {k: getattr(changed, k) for k in values if k in computing and k != "config"
                  and getattr(params, k) != getattr(changed, k)}
-    name = changed.config if "config" in values else tweaked_name(params.config, differing) if differing \
-        else params.config
+    name = changed.config if "config" in values or not differing else None
+    if name is None:
+        name, taken = own_name(params.config, changed, differing, out_dir)
+        if taken:
+            print(taken, flush=True)
     return Params(**{**changed.to_dict(), "config": name})
 
 
@@ -398,7 +411,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m replaylib.run", description=__doc__.splitlines()[0])
     ap.add_argument("params", help="a params YAML file, e.g. params/embedded.yaml")
     ap.add_argument("stages", nargs="*", help=f"stages to run ({', '.join(STAGES)}); default: all missing or stale")
-    ap.add_argument("--force", action="store_true", help="rerun the stages even if up to date")
+    ap.add_argument("--force", action="store_true", help="recompute the stages it runs (the named ones, or every "
+                                                         "stage) even if up to date, reusing no partial result")
     ap.add_argument("--upto", action="append", metavar="STAGE",
                     help="run the missing or stale stages up to STAGE and what it needs, nothing after (repeatable)")
     ap.add_argument("--out", default=None, help="root for runs/, figures/, tables/ (default: the repository)")
@@ -407,14 +421,18 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="change a parameter for this run (repeatable): the run goes to runs/<config>-<key><value>/, "
                          "starting from the finished stages it shares with others")
+    ap.add_argument("--sets", default="", metavar="'KEY=VALUE ...'",
+                    help="several --set in one argument (make stage SET=...): each assignment starts at a word "
+                         "followed by '=', so values may hold spaces")
     ap.add_argument("--preview", action="store_true",
                     help="each stage's notebook first runs one unit on its own, to look at (as in Jupyter)")
     args = ap.parse_intermixed_args(argv)
+    args.set += assignments(args.sets)
     out = out_root(args.out)  # absolute, once: the stages' kernels run in the repository
     try:
         params = load(args.params)
         if args.set:
-            params = with_values(params, args.set, args.params)
+            params = with_values(params, args.set, args.params, out)
         named = [resolve_stage(s) for s in args.stages]
         upto = [resolve_stage(s) for s in args.upto or []]
         copies = stages_to_copy(params, named, args.force, out, upto)
@@ -462,8 +480,9 @@ def _run_stages(params: Params, todo, args, runs: Path, ran: list, out: Path) ->
     for stage, reason in todo:
         start = time.time()
         try:
-            execute(params, stage, out, fresh=args.force or reason == "named",
-                    params_file=str(args.params) + "".join(f" --set {a}" for a in args.set), preview=args.preview)
+            execute(params, stage, out, fresh=args.force,
+                    params_file=shlex.join([str(args.params)] + [w for a in args.set for w in ("--set", a)]),
+                    preview=args.preview)
         except (KeyboardInterrupt, Terminated) as e:
             why = "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else "terminated (SIGTERM)"
             print(stop_summary(params, stage, "STOPPED", why, start, ran, args, runs), file=sys.stderr)

@@ -276,35 +276,50 @@ def test_a_killed_run_resumes_from_its_shards_to_the_same_bytes(tiny_engine, tin
                                                                                  grader="gsm8k").key()
 
 
-def test_an_edit_of_the_credit_kernel_recomputes_its_shards_and_a_comment_does_not(tiny_engine, tiny_model_dir,
-                                                                                     tmp_path):
-    """The tool's shards are keyed by the code that computes a row (credit.kernel.code_digest), as a stage's are."""
+def test_an_edit_of_what_computed_a_group_recomputes_it_and_a_comment_or_label_does_not(tiny_engine, tiny_model_dir,
+                                                                                        tmp_path):
+    """Each shard keeps the record of what computed it (the code that ran, the user's grader and the modules it
+    imports): an edit of any of them recomputes the shards they made; a docstring or the kernel's progress label
+    recomputes none."""
     import shutil
     code = tmp_path / "code"
     shutil.copytree(REPO / "replaylib", code / "replaylib", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "helper2.py").write_text("SCORE = 0.0\n")
+    (tmp_path / "grader2.py").write_text("import helper2\n\n\ndef score(data_source, solution_str, ground_truth, "
+                                         "extra_info=None):\n    return helper2.SCORE\n")
     path = write(tmp_path / "r.jsonl", sampled_rollouts(tiny_engine, n=2, max_new=8))
     out = tmp_path / "o"
 
-    def run_tool() -> tuple[str, dict]:
-        subprocess.run(command(path, out, tiny_model_dir), env=dict(os.environ, PYTHONPATH=str(code)), cwd=tmp_path,
-                       check=True, capture_output=True)
+    def run_tool() -> dict:
+        subprocess.run(["grader2:score" if a == "gsm8k" else a for a in command(path, out, tiny_model_dir)],
+                       env=dict(os.environ, PYTHONPATH=str(code)), cwd=tmp_path, check=True, capture_output=True)
         record = json.loads((out / "shards" / "resume.json").read_text())
         files = [rel for unit in record["units"].values() for rel, _ in unit["parts"].values()]
-        return record["resume_key"], {rel: (out / "shards" / rel).stat().st_mtime_ns for rel in files}
+        return {rel: (out / "shards" / rel).stat().st_mtime_ns for rel in files}
 
-    key, files = run_tool()
-    first = (out / "credit.parquet").read_bytes()
+    files = run_tool()
+    first = pd.read_parquet(out / "credit.parquet")
+    assert (first.wins_resume_actual == 0).all()  # every grade 0
+    record = json.loads((out / "shards" / "resume.json").read_text())["units"]
+    used = next(iter(record.values()))["dependencies"]
+    assert {str(tmp_path / "grader2.py"), str(tmp_path / "helper2.py")} <= set(used["files"])
+    assert "replaylib.measure.credit:credit_group" in used["code"]
     kernel_file = code / "replaylib" / "measure" / "credit.py"
     text = kernel_file.read_text()
     kernel_file.write_text(text.replace('"""Every pass over one group\'s pivots,', '"""In short: every pass over one '
                                                                               'group\'s pivots,', 1))
     assert kernel_file.read_text() != text
-    assert run_tool() == (key, files)  # a docstring: every shard reused as it was
+    tool = code / "replaylib" / "credit" / "kernel.py"
+    tool.write_text(tool.read_text().replace('progress=("credit", "rollout")', 'progress=("credit groups", "rollout")'))
+    assert run_tool() == files  # a docstring and a progress label: every shard reused as it was
+    (tmp_path / "helper2.py").write_text("SCORE = 1.0\n")  # what the grader imports
+    rewritten = run_tool()
+    assert all(rewritten[rel] != t for rel, t in files.items())
+    assert (pd.read_parquet(out / "credit.parquet").wins_resume_actual == 2).all()  # graded anew: K=2 of 2
+    files = rewritten
     kernel_file.write_text(text.replace("    jobs = jobs_for(prompt, responses, pivots, seeds)\n",
                                         "    jobs = jobs_for(prompt, responses, pivots, seeds)\n    jobs = list(jobs)\n", 1))
-    again, rewritten = run_tool()
-    assert again != key and all(rewritten[rel] != t for rel, t in files.items() if rel in rewritten)
-    assert (out / "credit.parquet").read_bytes() == first  # recomputed, to the same rows
+    assert all(t != files[rel] for rel, t in run_tool().items())  # the kernel's code: recomputed
 
 
 def test_export_writes_a_run_s_trunks_as_rollouts(tiny_engine, tmp_path):

@@ -1,4 +1,5 @@
 """The transformers engine on a tiny random-weight model: exact resume, re-feed, invariant mode."""
+import pytest
 import torch
 
 from replaylib.measure.engine import ARMS, PassSettings, PivotJob
@@ -259,7 +260,8 @@ def test_on_cuda_every_forward_pass_uses_the_attention_kernels_that_reproduce_th
 def test_trunk_prefill_alone_prefills_every_prompt_in_a_pass_of_its_own(tiny_model_dir, tiny_engine):
     """[ours] The prompt-batching control: with trunk_prefill alone, a trunk's decode-time state over its prompt
     is, bit for bit, its prompt prefilled by itself, whatever other prompts share its batch. Batched (left-padded
-    beside a longer prompt, the default) it is not, on this model: the control changes what it should."""
+    beside a longer prompt, the default) it is not where the CPU's kernels round a padded batch otherwise: there
+    the control changes what it should; on a CPU where they do not, it has nothing to change (said as a skip)."""
     alone = HFEngine(tiny_model_dir, "cpu", "bfloat16", max_batch_rows=64, trunk_prefill="alone")
     short, long_ = (tiny_engine.prompt_ids(q, INSTRUCTION) for q in (
         QUESTION, "A train leaves at 3 pm at 60 miles an hour toward a city 180 miles away; when does it arrive?"))
@@ -272,5 +274,9 @@ def test_trunk_prefill_alone_prefills_every_prompt_in_a_pass_of_its_own(tiny_mod
         trunks, state = engine.sample_trunks({0: short, 1: long_}, 2, seeds, 0.7, 0.95, 8, 5)
         same[name] = [torch.equal(state[0][r][0][:, :, :len(short)], own_k) for r in range(2)]
         assert all(len(t.gen_ids) == 8 for t in trunks[0])
-    assert same == {"alone": [True, True], "batched": [False, False]}
+    assert same["alone"] == [True, True]
     assert alone.describe()["trunk_prefill"] == "alone"
+    assert same["batched"] in ([False, False], [True, True])  # one prefill: both rollouts alike
+    if same["batched"] == [True, True]:
+        pytest.skip("on this CPU a left-padded batched prefill gives the prompt's own state bit for bit: the "
+                    "control has nothing to change here")

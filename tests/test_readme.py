@@ -23,12 +23,6 @@ def test_the_readme_reads_in_minutes():
     assert len((REPO / "README.md").read_text().splitlines()) <= 200
 
 
-# named paths left for the owner of the file that names them: (file, path named)
-LEFT = {("replaylib/runtime/params.py", "replaylib/executor.py"),  # a comment (runtime/executor.py)
-        ("replaylib/runtime/params.py", "replaylib/params.py"),  # the message of a key that is not text
-        ("replaylib/core/recording.py", "replaylib/measure/x.py")}  # an example of a form, not a file
-
-
 def test_every_module_the_package_and_its_documents_name_exists():
     """A `replaylib/...py` path written in the package, the params files, the docs, the README or the notebooks
     is a file. The GPU lease records (docs/gpu-h200.md, docs/gpu-h200/) keep the paths of their time."""
@@ -41,6 +35,6 @@ def test_every_module_the_package_and_its_documents_name_exists():
         if rel.startswith("docs/gpu-h200") or place.suffix == ".pyc":
             continue
         for path in set(named.findall(place.read_text(errors="replace"))):
-            if not (REPO / path).is_file() and (rel, path) not in LEFT:
+            if not (REPO / path).is_file():
                 missing.append(f"{rel} names {path}")
     assert not missing, "\n".join(sorted(missing))

@@ -114,7 +114,7 @@ def test_a_second_runner_on_the_same_stage_stops_at_once(run, capsys):
                               cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        assert main([str(TINY), "03", "--out", str(run)]) == 1  # a runner that waited would have run it
+        assert main([str(TINY), "03", "--force", "--out", str(run)]) == 1  # a runner that waited would have run it
         err = capsys.readouterr().err
         assert f"another runner (pid {holder.pid}) is running 03_three_pass_replay of tiny" in err
         with pytest.raises(locks.StageBusy, match=f"pid {holder.pid}"):
@@ -205,7 +205,7 @@ def test_a_rerun_replaces_planted_links_and_writes_through_none(run, tmp_path):
         target.write_text("not the run's")
         (run / rel).unlink(missing_ok=True)
         (run / rel).symlink_to(target)
-    assert main([str(TINY), "02", "--out", str(run)]) == 0
+    assert main([str(TINY), "02", "--force", "--out", str(run)]) == 0
     for i, rel in enumerate(planted):
         assert (elsewhere / f"{i}-{Path(rel).name}").read_text() == "not the run's", rel
         assert (run / rel).is_file() and not (run / rel).is_symlink(), rel
@@ -221,7 +221,7 @@ def test_a_linked_directory_in_a_finished_stage_is_removed_not_followed(run, tmp
     (elsewhere / "precious.txt").write_text("keep")
     stage = run / "runs/tiny/02_pivot_mining"
     (stage / "x").symlink_to(elsewhere)
-    assert main([str(TINY), "02", "--out", str(run)]) == 0
+    assert main([str(TINY), "02", "--force", "--out", str(run)]) == 0
     assert (elsewhere / "precious.txt").read_text() == "keep" and not (stage / "x").exists()
     assert verify.verify_run(run / "runs" / "tiny") == []
     (stage / "x").mkdir()

@@ -89,7 +89,7 @@ def test_changed_library_code_reruns_the_stage_and_recomputes_its_shards(finishe
     assert signature in text
     grading.write_text(text.replace(signature, signature + "    text = str(text)\n"))  # new code, the same grades
     dry = run_in(code, "--dry-run", "--out", str(out))
-    assert "03_three_pass_replay: would run (notebook or library code changed)" in dry.stdout, dry.stdout
+    assert "03_three_pass_replay: would run (replaylib/measure/grading.py: grade changed)" in dry.stdout, dry.stdout
     done = run_in(code, "--out", str(out))
     assert done.returncode == 0, done.stderr
     pd.testing.assert_frame_equal(records(out), records(finished))

@@ -11,7 +11,7 @@ import pytest
 
 from replaylib.run import main, notebook_parameters
 from replaylib.runtime import params
-from replaylib.runtime.tweaks import own_run, tweaked_name
+from replaylib.runtime.tweaks import own_name, tweaked_name
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "params" / "tiny.yaml"
@@ -39,19 +39,28 @@ def test_a_run_name_says_what_differs():
     assert len(long) <= 80 and long.startswith("embedded-instruction-") and params.check_name(long, "x")
 
 
-def test_changed_values_get_a_run_of_their_own_and_the_same_values_keep_theirs(root):
-    tiny = params.load(TINY)
-    assert own_run(tiny, "03_three_pass_replay", root) == (tiny, None)
+def test_a_name_taken_by_other_values_is_never_reused_and_the_same_values_keep_theirs(root):
+    """Two values that read alike in a run name (ü∂ƒ漢字 and _____) get two runs; a params file of that name with
+    other values takes the name too; the same values find their own run again."""
     import dataclasses
-    renamed, note = own_run(dataclasses.replace(tiny, k=1), "03_three_pass_replay", root)
-    assert renamed.config == "tiny-k1" and renamed.k == 1 and "k = 1 (2 there)" in note and "runs/tiny-k1/" in note
-    # a run of that name finished with other values: the new one takes its key's digest too
-    other = root / "runs" / "tiny-k1" / "03_three_pass_replay"
-    other.mkdir(parents=True)
-    (other / "DONE").write_text("x")
-    (other / "params.json").write_text(json.dumps({"key": "something else"}))
-    again, _ = own_run(dataclasses.replace(tiny, k=1), "03_three_pass_replay", root)
-    assert again.config.startswith("tiny-k1-") and again.config != "tiny-k1"
+
+    from replaylib.runtime.stagedir import ConfigStage
+    tiny = params.load(TINY)
+    first = dataclasses.replace(tiny, instruction="ü∂ƒ漢字")
+    name, note = own_name("tiny", first, {"instruction": first.instruction}, root)
+    assert name == "tiny-instruction_____" and note is None
+    stage = root / "runs" / name / "01_sampling"
+    stage.mkdir(parents=True)  # that run, finished
+    (stage / "params.json").write_text(json.dumps(ConfigStage(dataclasses.replace(first, config=name),
+                                                              "01_sampling").recorded()))
+    assert own_name("tiny", first, {"instruction": first.instruction}, root) == (name, None)  # the same values
+    second = dataclasses.replace(tiny, instruction="_____")
+    other, note = own_name("tiny", second, {"instruction": second.instruction}, root)
+    assert other.startswith("tiny-instruction_____-") and other != name and "with other values" in note
+    assert own_name("tiny", second, {"instruction": second.instruction}, root)[0] == other  # stable
+    k4 = dataclasses.replace(tiny, k=4)  # params/tiny-k4.yaml: campaign-tiny's, other values
+    named, note = own_name("tiny", k4, {"k": 4}, root)
+    assert named.startswith("tiny-k4-") and "params/tiny-k4.yaml holds run tiny-k4 with other values" in note
 
 
 def test_notebook_03_with_only_k_changed_runs_into_a_run_of_its_own(root):
@@ -75,7 +84,6 @@ def test_notebook_03_with_only_k_changed_runs_into_a_run_of_its_own(root):
         assert manifest["copied_from"] == f"runs/tiny/{shared}"
     text = executed.read_text()
     assert "this run goes to runs/tiny-k1/" in text
-    assert "equal the preview's, value for value" in text
 
 
 def test_the_runner_s_set_runs_into_a_run_of_its_own_copying_what_it_shares(root, capsys):
@@ -100,7 +108,23 @@ def test_a_set_that_is_not_a_value_is_one_line(root, capsys):
     assert len(err) == 2 and "--set k: write KEY=VALUE" in err[0] and "unknown parameter 'kk'" in err[1]
 
 
-def test_make_stage_passes_each_set_to_the_runner():
-    dry = subprocess.run(["make", "-n", "stage", "STAGE=03", "CONFIG=tiny", "SET=k=2 max_cont_tokens=8"], cwd=REPO,
-                         capture_output=True, text=True, check=True).stdout
-    assert "replaylib.run params/tiny.yaml 03 --set k=2 --set max_cont_tokens=8" in dry
+def test_make_stage_passes_each_assignment_as_one_argument_never_through_the_shell(root):
+    def stage(set_text):
+        return subprocess.run(["make", "--no-print-directory", "stage", "STAGE=03", "CONFIG=tiny", f"SET={set_text}",
+                               f"ARGS=--dry-run --out {root}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    injected = stage("k=3;echo INJECTED")
+    assert "INJECTED" not in injected.stdout and injected.returncode != 0
+    assert "parameter 'k' must be int" in injected.stderr  # the whole text was k's value
+    spaced = stage("instruction=two words k=2")
+    assert spaced.returncode == 0 and "config tiny-instructiontwo_words" in spaced.stdout, spaced.stderr
+    assert "no embedded model to fetch" in spaced.stderr  # tiny uses none
+
+
+def test_the_commands_a_run_suggests_quote_their_values():
+    import argparse
+
+    from replaylib.run import assignments, command
+    args = argparse.Namespace(params="params/tiny.yaml", set=["instruction=two words; rm x"], upto=["03"], out=None)
+    assert command(args) == "python -m replaylib.run params/tiny.yaml --set 'instruction=two words; rm x' --upto 03"
+    assert assignments(" k=2  instruction=two words max_cont_tokens=8") == ["k=2", "instruction=two words",
+                                                                          "max_cont_tokens=8"]

@@ -85,6 +85,10 @@ def test_a_unit_is_picked_by_position_name_or_itself_and_an_unknown_name_is_one_
     with pytest.raises(ValueError, match="no unit named 'z' in the plan") as e:
         pick(units, "z")
     assert "\n" not in str(e.value)
+    for outside in (-1, 3, 10**9, True, False):  # never the last unit, unit 1 or a bare IndexError
+        with pytest.raises(ValueError, match="give a position from 0 to 2") as e:
+            pick(units, outside)
+        assert "\n" not in str(e.value)
 
 
 def test_a_killed_sampling_stage_resumes_from_the_batches_it_finished(tmp_path):

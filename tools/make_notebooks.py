@@ -38,7 +38,7 @@ def parameters_source(stage: str) -> str:
              "what differs.",
              line("config"),
              'out_dir = ""  # root of runs/, figures/ and tables/ (empty: the repository)',
-             "upstream = {}  # the upstream stages' parameters (the runner passes them; empty: their params.json)",
+             "upstream = {}  # the upstream stages' values (the runner passes them; empty: the configuration's)",
              "preview = True  # run the first unit on its own before the stage, to look at it (it writes nothing "
              "kept; the runner passes False unless given --preview)"]
     if stage in EXECUTOR_STAGES:  # where the engines run: in no stage key (replaylib/runtime/executor.py)

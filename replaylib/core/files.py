@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 _UMASK = os.umask(0)
+os.umask(_UMASK)  # read, not changed: importing the package leaves the process's umask as it was
 
 
 FILE_MODE = 0o666 & ~_UMASK  # what open() would give: a shared results directory keeps its group's access

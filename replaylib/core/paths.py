@@ -39,5 +39,11 @@ def tables_dir(config: str, out_dir=None) -> Path:
     return out_root(out_dir) / "tables" / config
 
 
+def models_dir() -> Path:
+    """Where models are kept (fetched, converted, built): REPLAYLIB_MODELS, else models/ in the repository."""
+    env = os.environ.get("REPLAYLIB_MODELS")
+    return Path(env) if env else REPO / "models"
+
+
 def notebook_path(stage: str) -> Path:
     return NOTEBOOKS / f"{stage}.ipynb"

@@ -2,7 +2,9 @@
 one JSON request a line on stdin, one JSON reply a line on the descriptor stdout had. What the grader prints,
 to either stream or from C code, goes to a file the worker counts and empties after each call, so it never
 reaches the terminal; sys.exit inside it is a reply, not the end of the run; the process ends with its
-parent."""
+parent. Each reply lists the files the grader's code came from and the files it read (``files``: its module,
+what it imports outside the interpreter's own library, its data), so that a change to any of them
+recomputes the grades made with them (replaylib.core.recording)."""
 from __future__ import annotations
 
 import importlib
@@ -14,6 +16,40 @@ import tempfile
 from ..core.processes import stop_with_parent
 
 HEAD = 300  # characters of a call's printed output kept for the summary
+_read: set = set()  # files opened for reading outside the interpreter's own directories
+
+
+def _system_dirs() -> tuple:
+    import sysconfig
+    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, *sysconfig.get_paths().values(), "/proc", "/sys", "/dev",
+            "/etc", "/usr", os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}  # and this package
+    return tuple(os.path.realpath(d) + os.sep for d in dirs if d)
+
+
+SYSTEM = _system_dirs()
+
+
+def _audit(event, args) -> None:
+    if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+        mode, flags = args[1], args[2]
+        if (mode is None and isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR)) or \
+                (mode is not None and any(c in str(mode) for c in "wax+")):
+            return
+        path = os.path.realpath(os.fsdecode(args[0]))
+        if not path.startswith(SYSTEM) and os.path.isfile(path):
+            _read.add(path)
+
+
+def _used() -> list[str]:
+    """The grader's files so far: its modules' sources (outside the interpreter's and this package's) and what
+    it read."""
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if isinstance(path, str) and path.endswith(".py"):
+            real = os.path.realpath(path)
+            if not real.startswith(SYSTEM) and os.path.isfile(real):
+                _read.add(real)
+    return sorted(_read)
 
 
 def _printed(sink) -> tuple[int, str]:
@@ -40,13 +76,14 @@ def main(spec: str, kind: str) -> None:
         replies.flush()
 
     from .grader_calls import call_grader, describe_failure
+    sys.addaudithook(_audit)  # this process runs only the user's grader
     module, _, name = spec.partition(":")
     try:
         fn = getattr(importlib.import_module(module), name)
     except BaseException as e:  # noqa: BLE001 - any failure to import is the user's, named in one line
         reply(error=describe_failure(e), printed=_printed(sink)[0])
         return
-    reply(ready=True, printed=_printed(sink)[0])
+    reply(ready=True, printed=_printed(sink)[0], files=_used())
     for line in sys.stdin:
         request = json.loads(line)
         try:
@@ -54,7 +91,7 @@ def main(spec: str, kind: str) -> None:
         except BaseException as e:  # noqa: BLE001 - the user's grader: reported, not trusted
             score, error = None, describe_failure(e)
         printed, head = _printed(sink)
-        reply(score=score, error=error, printed=printed, head=head)
+        reply(score=score, error=error, printed=printed, head=head, files=_used())
 
 
 if __name__ == "__main__":

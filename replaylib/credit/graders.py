@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..core import recording
 from ..measure.data import gsm8k_gold
 from ..measure.grading import grade_gsm8k
 from .grader_calls import KINDS, GraderFailed, as_score, call_grader, describe_failure, kind_of  # noqa: F401
@@ -77,6 +78,7 @@ class GraderProcess:
 
     def __init__(self, spec: str, kind: str, timeout: float):
         self.spec, self.kind, self.timeout, self.proc = spec, kind, timeout, None
+        self.files: set = set()  # the grader's sources and what it read, as its replies list them
 
     def _start(self) -> None:
         # the grader is imported as this process imported it: this package, the working directory, and the
@@ -88,6 +90,7 @@ class GraderProcess:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      env=env)
         ready = self._reply("starting", max(self.timeout, START_TIMEOUT))
+        self.files.update(ready.get("files", []))
         if not ready.get("ready"):
             self.stop()
             raise GraderFailed(f"cannot be imported in its process ({ready.get('error')})")
@@ -117,6 +120,9 @@ class GraderProcess:
         except BrokenPipeError:  # it ended since its last call: its exit status is the error
             pass
         answer = self._reply("grading")
+        self.files.update(answer.get("files", []))
+        for path in self.files:  # what this grade was computed with (a shard's record)
+            recording.note_file(path)
         if answer.get("error"):
             raise GraderFailed(answer["error"])
         return as_score(answer["score"]), answer["printed"], answer["head"]

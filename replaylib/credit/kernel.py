@@ -1,8 +1,9 @@
 """The credit tool's computation, as a stage's is (replaylib.measure.units): its plan (one unit per group of
 rollouts of one prompt, named by their contents), the unit that computes a group (forced decoding, pivots,
 passes, certificates: ``group_rows``) and the assembly of every group's rows. The runner
-(replaylib.runtime.units) runs it with the tool's shards, keyed by its settings, the engine and this code
-(``code_digest``), so an edit of what computes a row recomputes the shards."""
+(replaylib.runtime.units) runs it with the tool's shards, keyed by its settings and the engine, each with the
+record of what computed it (the code that ran, the user's grader and what it imports and reads:
+replaylib.core.recording), so an edit of what computes a row recomputes the shards it made."""
 from __future__ import annotations
 
 import hashlib
@@ -18,7 +19,7 @@ from . import graders
 from .inputs import BadInput
 
 TOP_K = 5  # top-k the forced decode records per step (margins and alternatives when none are recorded)
-COMPUTING = ("replaylib.measure.", "replaylib.analysis.", "replaylib.credit.")
+ROOTS = (("replaylib.credit.kernel", "KERNEL"),)  # what a group's record holds without running it
 
 
 def prompt_digest(prompt_ids: list[int]) -> str:
@@ -107,10 +108,3 @@ def assemble(settings, inputs, done: dict) -> Outputs:
 
 KERNEL = Kernel(plan=plan, unit=group_rows, assemble=assemble, shard=shard_path, progress=("credit", "rollout"))
 
-
-def code_digest(engine: str) -> str:
-    """The code that computes the tool's rows: this kernel, what it reaches (the graders, the pass kernels,
-    the engine the settings name), and how a shard is written."""
-    from ..runtime import fingerprint
-    roots = [("replaylib.credit.kernel", "KERNEL"), fingerprint.WRITERS, *fingerprint.engine_roots(engine)]
-    return fingerprint.digest(roots, within=COMPUTING)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..core.files import atomic_save, atomic_write_bytes, atomic_write_json, sha256_file
+from ..core.files import atomic_save, atomic_write_bytes, atomic_write_json
 from ..measure import credit as kernel
 from ..measure.engine import EngineUnavailable, PassSettings
 from ..runtime import provenance
@@ -24,7 +24,7 @@ from .calibration import calibrate, estimate_line
 from .checks import check_bounds, check_lengths, model_context
 from .diagnostics import plan_line, warnings
 from .inputs import BadInput
-from .kernel import KERNEL, code_digest, groups_of
+from .kernel import KERNEL, ROOTS, groups_of
 from .outdir import check_out, holding
 
 log = logging.getLogger("replaylib")
@@ -153,15 +153,16 @@ class GivenEngine:
         pass
 
 
-def open_executor(settings: Settings, engine=None):
+def open_executor(settings: Settings, engine=None, record: bool = False):
     """Where the groups run: the given engine, one local engine, or Ray actors; a missing model, device or
-    library is one line."""
+    library is one line. record: what builds a local engine is recorded (for shards kept on disk)."""
     if engine is not None:
         return GivenEngine(engine)
     from ..runtime.executor import make_executor
     params = settings.params()  # a setting out of range is its own line, not the model's
     try:
-        return make_executor(params, settings.invariant, settings.workers, stage="credit", forcing=True)
+        return make_executor(params, settings.invariant, settings.workers, stage="credit", forcing=True,
+                             record=record)
     except EngineUnavailable as e:
         raise BadInput(str(e)) from None
     except (OSError, RuntimeError, ValueError) as e:
@@ -241,19 +242,6 @@ def judged(frame: pd.DataFrame) -> dict:
                        "re-feed disagrees above the floor": fields(claims.excess_above_floor(kept))}}
 
 
-def grader_source(spec) -> str:
-    """sha256 of a user's grader module (MODULE:FUNCTION), so that editing it recomputes the grades; '' for
-    the built-in ones (their code is in the kernel's digest) and for a function given in Python."""
-    import importlib.util
-    if not isinstance(spec, str) or spec in graders.BUILT_IN or ":" not in spec:
-        return ""
-    try:
-        found = importlib.util.find_spec(spec.partition(":")[0])
-    except (ImportError, ValueError):
-        return ""
-    return sha256_file(found.origin) if found is not None and found.origin and Path(found.origin).is_file() else ""
-
-
 def read_checked(batch, settings: Settings, vocab: int, context: int | None) -> tuple[str, list, dict]:
     """(what errors name, the rollouts, the kernel's inputs) of a JSONL path or a batch, every rollout checked
     against the settings and the model's context (BadInput: the first bad one)."""
@@ -265,10 +253,11 @@ def read_checked(batch, settings: Settings, vocab: int, context: int | None) -> 
 
 def compute_groups(settings: Settings, inputs: dict, executor, store=None, where=None, show: bool = True):
     """Every group's rows on the executor's engines (the stages' runner), reused from store where it holds
-    them."""
+    them (each group kept there with its record of what computed it)."""
     from ..runtime.units import Lent, compute
     try:
-        return compute(KERNEL, settings, inputs, lambda n: Lent(executor), store, where, "credit", show=show)
+        return compute(KERNEL, settings, inputs, lambda n: Lent(executor), store, where, "credit", show=show,
+                       roots=ROOTS)
     except BadInput as e:  # from a Ray actor it carries the actor's traceback: the one line is its cause's
         raise BadInput(str(getattr(e, "cause", None) or e)) from None
 
@@ -309,14 +298,13 @@ def run(rollouts, out, settings: Settings, engine=None) -> dict:
         grade(decode(first.response_ids), first)
     except graders.GraderFailed as e:
         raise BadInput(f"{path}:{first.line}: field 'ground_truth': {e}") from None
-    executor = open_executor(settings, engine)  # a model, device or library missing: one line, nothing written
+    executor = open_executor(settings, engine, record=True)  # a model, device or library missing: one line
     with holding(out):
         try:
             described = executor.call(describe)
-            # what a shard was computed with: the settings, the engine as it describes itself (model path, dtype,
-            # kernels), the code that computes a row and the user's grader
-            key = hashlib.sha256(json.dumps([settings.key(), described, code_digest(settings.engine),
-                                             grader_source(settings.grader)], sort_keys=True).encode()).hexdigest()
+            # what a shard was computed with: the settings and the engine as it describes itself (model path,
+            # dtype, kernels); each shard also records the code and files it used (its grader's among them)
+            key = hashlib.sha256(json.dumps([settings.key(), described], sort_keys=True).encode()).hexdigest()
             store = ShardStore(out / "shards", key)
             if not store.fresh:
                 store.reset()

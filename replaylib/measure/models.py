@@ -12,6 +12,7 @@ with `zipfile`; the assembled file is checked against a pinned size and sha256.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -22,8 +23,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from ..core import recording
 from ..core.files import sha256_file
-from ..core.paths import DATA, REPO
+from ..core.paths import DATA, models_dir
 
 EMBEDDED_MODELS = {
     "qwen2.5-coder-0.5b-instruct": {
@@ -53,17 +55,17 @@ def log(msg: str) -> None:
     print(f"[models] {msg}", file=sys.stderr, flush=True)
 
 
-def models_dir() -> Path:
-    env = os.environ.get("REPLAYLIB_MODELS")
-    return Path(env) if env else REPO / "models"
-
-
 def _tmp_sibling(final: Path) -> Path:
     return final.with_name(f"{final.name}.tmp-{os.getpid()}")
 
 
-def _publish(tmp: Path, final: Path) -> None:
-    """Atomically move a finished build directory into place."""
+def _publish(tmp: Path, final: Path, replace: bool = False) -> None:
+    """Atomically move a finished build directory into place; replace: an older build there goes."""
+    if replace and final.is_dir():
+        old = final.with_name(f"{final.name}.old-{os.getpid()}")
+        with contextlib.suppress(OSError):
+            os.rename(final, old)
+            shutil.rmtree(old, ignore_errors=True)
     try:
         os.rename(tmp, final)
     except OSError:
@@ -316,7 +318,8 @@ def build_tiny_model(path: str | Path, seed: int = 0, num_layers: int = 2,
 # --------------------------------------------------------------------------- resolve
 
 def resolve_model(spec: str) -> str:
-    """Map a model spec to something `from_pretrained` can load offline (see module doc)."""
+    """Map a model spec to something `from_pretrained` can load offline (see module doc); a model directory
+    is recorded as read by the computation that asks (replaylib.core.recording)."""
     if spec.startswith(EMBEDDED_PREFIX):
         name = spec[len(EMBEDDED_PREFIX):]
         if name not in EMBEDDED_MODELS:
@@ -325,28 +328,49 @@ def resolve_model(spec: str) -> str:
         d = models_dir() / name
         if not (d / "SOURCE.json").is_file():
             raise FileNotFoundError(f"model {spec!r} is not set up under models/: {FETCH_HINT}")
+        recording.note_dir(d)
         return str(d)
     if spec == "tiny" or spec.startswith("tiny:"):
         seed_text = spec.partition(":")[2] or "0"
         if not seed_text.isdigit():
             raise ValueError(f"bad tiny model spec {spec!r}; use 'tiny' or 'tiny:SEED' (SEED a non-negative integer)")
-        final = models_dir() / f"tiny-seed{int(seed_text)}"
-        if not (final / "config.json").is_file():
-            tmp = _tmp_sibling(final)
-            shutil.rmtree(tmp, ignore_errors=True)
-            try:
-                build_tiny_model(tmp, seed=int(seed_text))
-                _publish(tmp, final)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
+        final = tiny_model(int(seed_text))
+        recording.note_dir(final)
         return str(final)
     if Path(spec).is_dir():
+        recording.note_dir(spec)
         return spec
     if os.environ.get("HF_HUB_OFFLINE") == "1":
         raise ValueError(f"model {spec!r} is neither a known spec nor a local directory, and HF_HUB_OFFLINE=1 "
                          f"forbids hub downloads; use 'embedded:NAME' ({FETCH_HINT}), 'tiny[:SEED]' or a local path")
     return spec
+
+
+BUILT_BY = "built-by.json"  # in a tiny model's directory: the record of the code and files that built it
+
+
+def tiny_model(seed: int) -> Path:
+    """models/tiny-seed<SEED>, built from code once and kept while the code and files that built it are as
+    they were (its record, built-by.json); the record joins the caller's, as if it had built the model."""
+    final = models_dir() / f"tiny-seed{seed}"
+    try:
+        built = json.loads((final / BUILT_BY).read_text())
+    except (OSError, ValueError):
+        built = None
+    if built is None or not (final / "config.json").is_file() or recording.changes(built, first_only=True):
+        tmp = _tmp_sibling(final)
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            with recording.session() as s:
+                build_tiny_model(tmp, seed=seed)
+            built = s.record()
+            (tmp / BUILT_BY).write_text(json.dumps(built, indent=1, sort_keys=True) + "\n")
+            _publish(tmp, final, replace=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    recording.note_record(built)
+    return final
 
 
 # --------------------------------------------------------------------------- CLI

@@ -14,7 +14,7 @@ never depends on where it runs or on what ran before it.
 The runner (replaylib.runtime.units) does the rest for every stage and for the credit tool: the run
 directory, the engine, the executor, the shards a killed run resumes from, progress and timing. Parts and
 outputs become bytes here, in ``write_output``, so that how they are written is part of the code that
-computes them (replaylib.runtime.fingerprint).
+computes them (recorded as it runs: replaylib.core.recording).
 """
 from __future__ import annotations
 

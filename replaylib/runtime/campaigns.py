@@ -10,10 +10,9 @@ from ..analysis import records as rec
 from ..core.files import sha256_file
 from ..core.paths import REPO
 from . import params as params_mod
-from .fingerprint import code_fingerprint
 from .params import EXECUTOR_KEYS, read_mapping
 from .registry import CAMPAIGN, RUN_ORDER
-from .stagedir import StageDir
+from .stagedir import StageDir, notebook_record
 
 TOP_KEYS = {"name", "note", "rows", "invariant", "figure1", "figure3", "bootstrap_draws", "concurrent_configs",
             *EXECUTOR_KEYS}
@@ -108,8 +107,8 @@ class CampaignStage:
     def key(self) -> str:
         return hashlib.sha256(json.dumps(self.recorded_campaign(), sort_keys=True).encode()).hexdigest()[:16]
 
-    def code(self) -> str:
-        return code_fingerprint(self.stage)
+    def notebook(self) -> dict:
+        return notebook_record(self.stage)
 
     def upstreams(self) -> dict[str, StageDir]:
         c = self.campaign

@@ -572,7 +572,8 @@ def serve(spec_path: str) -> int:
     try:
         from ..measure.engines import make_engine
         from .vllm_processes import EngineProcesses
-        engine = make_engine(params, invariant=spec["invariant"], lifecycle=EngineProcesses())
+        from ..core import recording
+        engine = recording.built(lambda: make_engine(params, invariant=spec["invariant"], lifecycle=EngineProcesses()))
     except BaseException as e:  # noqa: BLE001 - the broker relays it to the stage in one line
         traceback.print_exc()
         message = str(e).strip().splitlines()[-1] if str(e).strip() else one_line(e)

@@ -33,6 +33,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from ..core import recording
 from ..measure.engines import make_engine
 from .params import Params
 from .vllm_processes import EngineProcesses
@@ -56,10 +57,12 @@ class LocalExecutor:
     lease_info = None
     keep = False
 
-    def __init__(self, params: Params, invariant: bool = False, forcing: bool = False, keep: bool = False):
+    def __init__(self, params: Params, invariant: bool = False, forcing: bool = False, keep: bool = False,
+                 record: bool = False):
+        """record: what builds the engine is recorded (replaylib.core.recording), for the units it runs."""
         self.keep = keep
-        self.engine = kept_engine(params, invariant, forcing) if keep else \
-            make_engine(params, invariant=invariant, lifecycle=EngineProcesses(), forcing=forcing)
+        build = lambda: make_engine(params, invariant=invariant, lifecycle=EngineProcesses(), forcing=forcing)  # noqa: E731
+        self.engine = kept_engine(params, invariant, forcing) if keep else recording.built(build) if record else build()
 
     def call(self, fn, *args):
         return fn(self.engine, *args)
@@ -91,7 +94,8 @@ def kept_engine(params: Params, invariant: bool, forcing: bool):
                      sort_keys=True, default=str)
     if _kept.get("key") != key:
         close_kept_engine()
-        _kept["engine"] = make_engine(params, invariant=invariant, lifecycle=EngineProcesses(), forcing=forcing)
+        _kept["engine"] = recording.built(lambda: make_engine(params, invariant=invariant, lifecycle=EngineProcesses(),
+                                                              forcing=forcing))
         _kept["key"] = key
         atexit.register(close_kept_engine)
     engine = _kept["engine"]
@@ -117,10 +121,13 @@ def _actor_class():
 
     @ray.remote(max_restarts=0, max_task_retries=0)
     class EngineActor:
-        def __init__(self, params: Params, invariant: bool, forcing: bool):
+        def __init__(self, params: Params, invariant: bool, forcing: bool, threads: int | None):
             t0 = time.monotonic()
-            self.engine = make_engine(params, invariant=invariant, lifecycle=EngineProcesses(),  # the driver's Params
-                                      forcing=forcing)
+            if threads:  # as many as the driver's: on a CPU, how many threads a matmul splits over changes its sums
+                import torch
+                torch.set_num_threads(threads)
+            self.engine = recording.built(lambda: make_engine(params, invariant=invariant,  # the driver's Params
+                                                              lifecycle=EngineProcesses(), forcing=forcing))
             self.start_s = time.monotonic() - t0
 
         def ready(self) -> tuple[str, int, float]:
@@ -141,6 +148,14 @@ def _actor_class():
                 engine.close()
 
     return EngineActor
+
+
+def cpu_threads() -> int:
+    """The threads this process's torch computes with: a CPU engine on a Ray actor uses as many, so that its
+    results are the local engine's bit for bit (Ray gives an actor of one CPU one thread, and a CPU's
+    matrix products sum in another order over another number of threads)."""
+    import torch
+    return torch.get_num_threads()
 
 
 def ray_token_available() -> bool:
@@ -237,7 +252,8 @@ class RayExecutor:
         actor = _actor_class()
         self.config, self.on_gpu, self.where = params.config, on_gpu, {}
         self.one_start_at_a_time = params.engine == "vllm"  # see the module's docstring
-        self._new_actor = lambda: actor.options(**options).remote(params, invariant, forcing)
+        threads = None if on_gpu else cpu_threads()
+        self._new_actor = lambda: actor.options(**options).remote(params, invariant, forcing, threads)
         n = workers or params.ray_workers
         try:
             if self.one_start_at_a_time:
@@ -360,11 +376,12 @@ class RayExecutor:
 
 
 def make_executor(params: Params, invariant: bool = False, workers: int | None = None, stage: str = "",
-                  forcing: bool = False, keep: bool = False):
+                  forcing: bool = False, keep: bool = False, record: bool = False):
     """The executor a configuration asks for (``executor: local | ray``); stage: who asks, for the
     records of a shared engine; forcing: engines that can force given responses through their decode
     (the credit tool's; always engines of its own, never the run's shared one); keep: a local engine is
-    kept for the process's next call (a notebook's)."""
+    kept for the process's next call (a notebook's); record: what builds a local engine is recorded for the
+    units it runs (engines in processes of their own always are: they serve only stages and the tool)."""
     if params.executor == "ray":
         import importlib.util
         if importlib.util.find_spec("ray") is None:
@@ -377,7 +394,7 @@ def make_executor(params: Params, invariant: bool = False, workers: int | None =
     from .engine_service import ServedExecutor, served
     if served(params) and not forcing:
         return ServedExecutor(params, invariant, stage)
-    return LocalExecutor(params, invariant, forcing, keep)
+    return LocalExecutor(params, invariant, forcing, keep, record)
 
 
 def lease_record(ex) -> dict:

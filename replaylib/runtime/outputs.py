@@ -90,6 +90,11 @@ def load_layer_profile(params, out_dir=None) -> pd.DataFrame | None:
     return pd.read_parquet(path) if path.exists() else None
 
 
+def invariant_table(params, out_dir=None) -> pd.DataFrame:
+    """Stage 5's records.parquet as written (a finished stage's rows for its one unit)."""
+    return pd.read_parquet(stage_dir(params.config, INVARIANT, out_dir) / "records.parquet")
+
+
 def load_invariant(params, out_dir=None) -> pd.DataFrame:
     """Stage 5's records."""
     return load_records(stage_dir(params.config, INVARIANT, out_dir) / "records.parquet")

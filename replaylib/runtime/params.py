@@ -82,7 +82,7 @@ def _l(stage: str, default: list, doc: str):
 class Params:
     # --- 01 sampling: model, engine, task, trunks
     config: str = _p("run", "embedded", "run name: outputs go to runs/<config>/, figures/<config>/, tables/<config>/")
-    # --- where the work runs (replaylib/executor.py): in no stage key
+    # --- where the work runs (replaylib/runtime/executor.py): in no stage key
     executor: str = _p("executor", "local", "local (one engine, units in order) or ray (engines on Ray actors)")
     shared_engine: bool = _p("executor", True, "local vLLM under the runner or a campaign: one engine per model and "
                                                "settings, in a process of its own, serves every stage that needs it "
@@ -317,7 +317,7 @@ def make(overrides: dict, where: str = "parameters", scope=None) -> Params:
     for name, value in overrides.items():
         if not isinstance(name, str):
             raise ValueError(f"{where}: key {short(name)} is not a parameter name ({type(name).__name__}); parameter "
-                             f"names are text, see replaylib/params.py")
+                             f"names are text, see replaylib/runtime/params.py")
         if name not in names:
             close = difflib.get_close_matches(name, names, n=1)
             hint = f"did you mean '{close[0]}'?" if close else "see replaylib/runtime/params.py for the known ones"

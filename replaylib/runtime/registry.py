@@ -1,9 +1,9 @@
 """The stages, in one table: every other module (parameters and keys, the runner, run directories,
-the report site, the notebooks' parameters cells, campaigns, code fingerprints) reads them here.
+the report site, the notebooks' parameters cells, campaigns) reads them here.
 
 Adding a stage is one entry: its directory name (the notebook is notebooks/<name>.ipynb), its declaration
 (replaylib/stages/<driver>.py), its kernel (the module whose ``KERNEL`` holds its plan, unit and assemble
-functions: what its code fingerprint starts from, replaylib.runtime.fingerprint), the stages whose keys are
+functions, whose declaration every unit's record of what it used holds), the stages whose keys are
 in its key (``key_upstream``), the stages whose files it reads (``data_upstream``), whether it starts an
 engine (its notebook then declares where the engines run) and the short names the runner accepts.
 """

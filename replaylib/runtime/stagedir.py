@@ -5,9 +5,14 @@ parameter key, files unchanged) and removes a stale DONE. Files are written to a
 renamed, and `finish` writes the manifest, then DONE.
 
 Partial results (the shards of a stage's units) survive a crash and are reused only when they were made
-from the same parameters, the same upstream files and the same code: `begin` keeps a resume key (the stage
-key, the sha256 of every upstream output read, the code fingerprint) in resume.json with the sha256 of
-every shard written under it (replaylib.runtime.shards), and clears the directory when the key differs.
+from the same parameters and the same upstream files, and what each used is as it was: `begin` keeps a
+resume key (the stage key, the sha256 of every upstream output read) in resume.json with the sha256 of every
+shard written under it and its record of what it used (replaylib.runtime.shards), and clears the directory
+when the key differs.
+
+A finished stage's manifest holds the record of what it used (``dependencies``: the definitions of the
+package that ran, wherever its units ran, the notebook's compute cells and the files read;
+replaylib.core.recording): the stage is stale when any of them is no longer as recorded.
 
 What defines a stage directory (its key, what it is made of, the stages it reads, how to rerun it,
 whether a renamed configuration starts from another's stages) is its *definition*: a configuration's
@@ -23,9 +28,9 @@ import shutil
 import time
 from pathlib import Path
 
-from ..core.files import _UMASK, atomic_write_bytes, atomic_write_json
-from ..core.paths import DEFAULT_OUT, PARAMS, config_dir, out_root, stage_dir
-from .fingerprint import code_fingerprint
+from ..core import definitions, recording
+from ..core.files import atomic_write_bytes, atomic_write_json
+from ..core.paths import DEFAULT_OUT, PARAMS, config_dir, notebook_path, out_root, stage_dir
 from .locks import LOCK_TOKEN_ENV, StageLock
 from .origin import origin
 from .params import Params
@@ -39,8 +44,6 @@ MIN_FREE_BYTES = 200 * 2**20
 RESUME_FILE = "resume.json"
 KEEP_SUFFIXES = (".ipynb", ".log")  # the runner's executed notebook and log, written while the stage runs
 PARAMS_FILE_ENV = "REPLAYLIB_PARAMS_FILE"  # the runner's params file, for the commands errors suggest
-
-os.umask(_UMASK)
 
 
 class UpstreamError(RuntimeError):
@@ -58,6 +61,19 @@ def rerun_command(params: Params, stage: str, out_dir=None) -> str:
     return f"python -m replaylib.run {src} {stage}{out}"
 
 
+def notebook_record(stage: str) -> dict:
+    """The record of a stage notebook's compute cells (the call of its stage: part of what computes it)."""
+    if not notebook_path(stage).is_file():
+        return {}
+    entry = definitions.NOTEBOOK + stage
+    return {"code": {entry: definitions.digest(entry)}, "files": {}}
+
+
+def resume_key_of(key: str, inputs: dict) -> str:
+    """The key a stage's shards are kept under: its parameters' key and the upstream outputs it reads."""
+    return hashlib.sha256(json.dumps({"key": key, "inputs": inputs}, sort_keys=True).encode()).hexdigest()[:16]
+
+
 class ConfigStage:
     """A configuration's stage: its key is its parameters' (and its upstream stages' keys), its upstream
     stages are the configuration's own, a renamed configuration starts from the finished stages it shares
@@ -72,19 +88,21 @@ class ConfigStage:
     def key(self) -> str:
         return self.params.stage_key(self.stage)
 
-    def code(self) -> str:
-        return code_fingerprint(self.stage, self.params.engine)
+    def notebook(self) -> dict:
+        return notebook_record(self.stage)
 
     def upstreams(self) -> dict[str, "StageDir"]:
         """The stages whose outputs this one reads, by the name its manifest's inputs give them."""
         return {s: StageDir(self.params, s, self.out_dir) for s in self.params.data_upstream(self.stage)}
 
     def recorded(self) -> dict:
-        """params.json: what the key is made of."""
+        """params.json: what the key is made of, and every value of the configuration it ran in (``values``: what
+        a notebook naming this run takes for the values its cell leaves as they are)."""
         from .params import task_data_sha256
         return {"stage": self.stage, "key": self.key(), "config": self.config,
                 "params": {k: getattr(self.params, k) for k in Params.keys_for(self.stage)},
-                "data_sha256": {self.params.task: task_data_sha256(self.params.task)}}
+                "data_sha256": {self.params.task: task_data_sha256(self.params.task)},
+                "values": {k: v for k, v in self.params.to_dict().items() if k != "config"}}
 
     def changed_values(self, recorded: dict) -> dict:
         """The parameters whose value differs between a recorded params.json and these."""
@@ -170,6 +188,25 @@ class StageDir:
     def upstream(self, stage: str) -> Path:
         return stage_dir(self.config, stage, self.out_dir)
 
+    def resume_key_of(self, inputs: dict) -> str:
+        return resume_key_of(self.key, inputs)
+
+    def upstream_digests(self) -> dict:
+        """The upstream outputs this stage would read, as check_upstream records them, without checking them:
+        where a configuration's own upstream stage is not there yet (a renamed run a notebook previews before
+        its run copies them), the finished stage of the same key elsewhere."""
+        found = {}
+        for name, up in self.upstreams().items():
+            path = up.path
+            if not (path / "DONE").exists() and up.params is not None:
+                path = find_stage_elsewhere(up.params, up.stage, up.out_dir, exclude=up.config) or path
+            try:
+                outputs = json.loads((path / "manifest.json").read_text()).get("outputs", {})
+            except (OSError, ValueError):
+                outputs = {}
+            found.update({f"{name}/{rel}": digest for rel, digest in outputs.items()})
+        return found
+
     # -- reading other stages
     def check_upstream(self, name: str) -> Path:
         """Refuse an upstream stage that is unfinished, made with other parameters, or modified."""
@@ -204,8 +241,9 @@ class StageDir:
             manifest = json.loads((self.path / "manifest.json").read_text())
         except (OSError, json.JSONDecodeError):
             return "no readable manifest"
-        if manifest.get("code") != self.definition.code():
-            return "notebook or library code changed"
+        changed = recording.changes(manifest.get("dependencies"), first_only=True)
+        if changed:
+            return changed[0]
         changed = changed_outputs(self.path, manifest.get("outputs", {}))
         if changed:
             return f"its output {changed[0]} changed or went missing since it finished"
@@ -276,9 +314,7 @@ class StageDir:
         remove_links(self.path)  # the stage writes plain files: a link planted here is never written through
         for stale in self.path.rglob(".*.tmp"):  # half-written files of a killed run
             stale.unlink(missing_ok=True)
-        self.resume_key = hashlib.sha256(json.dumps(
-            {"key": self.key, "inputs": self.inputs, "code": self.definition.code()},
-            sort_keys=True).encode()).hexdigest()[:16]
+        self.resume_key = self.resume_key_of(self.inputs)
         self.shards = ShardStore(self.path, self.resume_key, RESUME_FILE)
         if not self.shards.fresh:
             # anything here was made from other parameters, inputs or code: never reuse it
@@ -314,7 +350,6 @@ class StageDir:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.started)),
             "elapsed_s": round(time.time() - self.started, 1),
             "inputs": self.inputs,
-            "code": self.definition.code(),
             "outputs": {rel: sha256_file(self.path / rel) for rel in sorted(outputs)},
             **(extra or {}),
         }

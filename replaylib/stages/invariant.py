@@ -13,5 +13,6 @@ def inputs(params, out_dir=None) -> dict:
     return {"problems": json.loads((outputs.sampling_dir(params, out_dir) / "problems.json").read_text())}
 
 
-STAGE = Declared("05_batch_invariant", invariant.KERNEL, inputs)
+STAGE = Declared("05_batch_invariant", invariant.KERNEL, inputs,
+                 lambda params, out_dir, unit: outputs.invariant_table(params, out_dir))
 run, plan, preview = STAGE.run, STAGE.plan, STAGE.preview

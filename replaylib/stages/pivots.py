@@ -13,5 +13,6 @@ def inputs(params, out_dir=None) -> dict:
     return {"trunks": outputs.trunk_table(path), "engine": json.loads((path / "engine.json").read_text())}
 
 
-STAGE = Declared("02_pivot_mining", mining.KERNEL, inputs)
+STAGE = Declared("02_pivot_mining", mining.KERNEL, inputs,
+                 lambda params, out_dir, unit: outputs.load_pivots(params, out_dir))
 run, plan, preview = STAGE.run, STAGE.plan, STAGE.preview
