@@ -8,7 +8,7 @@
 # make notebooks / make readme            parameters cells from the schema / the README's tables from their files
 # make campaign CAMPAIGN=paper           params/campaign-<CAMPAIGN>.yaml: its configurations, then its Table 1,
 #                                        Figures 1-3 and live-vs-published (ARGS="--executor ray" etc.)
-# Staleness is decided by replaylib.run from parameter hashes and code fingerprints,
+# Staleness is decided by replaylib.run from the parameters and the code and files each stage used as it ran,
 # so `make reproduce` twice runs nothing the second time.
 PYTHON ?= python3
 VENV   := .venv

@@ -227,6 +227,46 @@ def test_code_reached_in_ways_a_reading_cannot_follow_makes_its_stage_stale(patt
     assert f"replaylib/measure/_patterns.py: {PATTERN_EDITS[pattern][2]} changed" in changes
 
 
+COMPUTING = {  # an edit of what computes -> the stages stale for a reason of their own (a transformers run)
+    "the transformers engine's sampling": (("NUCLEUS_CANDIDATES = 128", "NUCLEUS_CANDIDATES = 96"),
+                                           {"01_sampling", "03_three_pass_replay", "05_batch_invariant"}),
+    "the vLLM engine": (("for pid, prompt in prompts.items():", "for pid, prompt in list(prompts.items()):"), set()),
+    "the replay kernel": (('sum(wins["actual"]) / len(wins["actual"])', 'sum(wins["actual"]) / max(1, len(wins["actual"]))'),
+                          {"03_three_pass_replay", "05_batch_invariant"}),
+    "the pivot rule": (("lps[0] - lps[1] >= params", "lps[0] - lps[1] > params"),
+                       {"02_pivot_mining", "05_batch_invariant"}),
+    "the screen": (("while len(screen.kept) < params.n_problems:", "while len(screen.kept) < params.n_problems + 0:"),
+                   {"01_sampling"}),
+    "which problems the invariant stage uses": (('["kept"][:params.invariant_problems]',
+                                                 '["kept"][:params.invariant_problems + 0]'), {"05_batch_invariant"}),
+    "the kept-trunk filter": (("return trunks[trunks.kept].reset_index(drop=True)",
+                               "return trunks[trunks.kept == True].reset_index(drop=True)"),
+                              {"02_pivot_mining", "03_three_pass_replay"}),
+    "a pass-table row": (("PASSES = {p.name: p for p in (", 'PASSES = {p.name: p for p in (\n    Pass("exact3", '
+                          '"the decode-time state, resumed", "exact", "replica", "exact3", replica_of="exact1"),'),
+                         {"03_three_pass_replay", "04_statistics", "05_batch_invariant"}),
+    "how a table is written": (("value.to_parquet(tmp, index=False)", "value.to_parquet(tmp, index=False, "
+                                "compression='gzip')"), set(STAGES)),
+    "a statistic": (("MARGIN_SPLIT = 0.3", "MARGIN_SPLIT = 0.25"), {"04_statistics"}),
+}
+
+
+@pytest.mark.parametrize("what", list(COMPUTING), ids=list(COMPUTING))
+def test_an_edit_of_what_computes_makes_exactly_the_stages_that_ran_it_stale(case, what):
+    (text, replacement), stale = COMPUTING[what]
+    edit(case, text, replacement)
+    assert set(own(would_run(case))) == stale
+
+
+def test_a_compute_cell_is_part_of_its_stage(case):
+    def head(cells):
+        cell = next(c for c in cells if "compute" in c.metadata.get("tags", []))
+        cell.source += "\nrecords = records.head(1)"
+    edit_notebook(case, "03_three_pass_replay", head)
+    assert own(would_run(case)) == {"03_three_pass_replay": "notebooks/03_three_pass_replay.ipynb (its compute cell) "
+                                                            "changed"}
+
+
 def test_a_layer_torch_calls_by_protocol_makes_the_stages_that_ran_it_stale(case):
     """Fp32AccumulateLinear.forward runs where the CPU lacks bf16 instructions (nn.Module calls it)."""
     from replaylib.measure.hf_linear import cpu_has_native_bf16

@@ -209,6 +209,12 @@ def test_a_run_s_stages_share_one_engine_and_compute_what_engines_of_their_own_c
     for stage, started in (("01_sampling", True), ("03_three_pass_replay", False)):
         manifest = json.loads((standin / "A" / "runs" / "fake" / stage / "manifest.json").read_text())
         assert manifest["engine_lease"]["started_for_this_stage"] is started
+        # what ran in the engine's own process (the unit, and what built the engine) is in the stage's record
+        used = set(manifest["dependencies"]["code"])
+        assert {"replaylib.measure.engine_vllm:VLLMEngine.__init__", "replaylib.measure.engines:make_engine"} <= used
+        assert not any(d.startswith("replaylib.measure.engine_hf:") for d in used)
+    replayed = json.loads((standin / "A" / "runs" / "fake" / "03_three_pass_replay" / "manifest.json").read_text())
+    assert "replaylib.measure.engine_vllm:VLLMEngine.run_pass" in replayed["dependencies"]["code"]
     for stage, name in (("01_sampling", "trunks.parquet"), ("02_pivot_mining", "pivots.parquet"),
                         ("03_three_pass_replay", "records.parquet")):
         a, b = (standin / out / "runs" / "fake" / stage / name for out in "AB")

@@ -1,18 +1,22 @@
-"""What recording what a stage used costs (replaylib.core.recording): every stage of a configuration run with
-recording and without it, side by side on one machine. Each run is a process of its own, as the runner runs a
-stage (it imports the package, arms the probes, builds its engine, computes and writes); the seconds are those
-of the stage itself (replaylib.runtime.units.run_stage: engine start, units, assembly, writing), not of the
-interpreter's start. The two ways alternate (with, without; then without, with) so that a drift of the
-machine's speed falls on both. Without recording, the sessions record nothing and no probe is installed.
+"""What recording what a stage used costs (replaylib.core.recording): a configuration's stages run by the runner
+with recording and without it, side by side on one machine, each stage's seconds as the runner measures them
+(its kernel's start, imports, engine, units, writing: runs/<config>/<stage>/runner.json). The ways alternate
+(with, without; then without, with) so that a drift of the machine's speed falls on both.
 
-    python -m replaylib.bench.recording_cost [--config params/tiny.yaml] [--repeats 3] [--out DIR]
+Without recording, each process's sessions record nothing and no probe is installed (a sitecustomize module
+on the kernels' path replaces them, for this benchmark only). ``--ways with,without,settrace`` adds the
+alternative recording leaves aside: a ``sys.settrace`` hook collecting every code object run (the hook's cost
+alone; it records nothing).
 
-It first runs the configuration once (python -m replaylib.run) into --out, then reruns each stage in place;
-its printout ends with the stages' total both ways and their difference."""
+    python -m replaylib.bench.recording_cost [--config params/tiny.yaml] [--repeats 3] [--ways with,without]
+                                             [--out DIR]
+
+It prints each run's stage times, then each stage's median both ways and the difference."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -20,70 +24,82 @@ import tempfile
 from pathlib import Path
 
 from ..core.paths import REPO
+from ..runtime.params import load
 from ..runtime.registry import RUN_ORDER
 
-RUN_ONE = """
-import contextlib, importlib, json, sys, time
-from replaylib.core import recording
-if sys.argv[3] == "without":
+WAY_ENV = "REPLAYLIB_BENCH_RECORDING"
+SITECUSTOMIZE = f'''
+import contextlib, os, sys
+way = os.environ.get("{WAY_ENV}", "with")
+if way != "with":
+    from replaylib.core import recording
+
     class Nothing:
         def record(self):
-            return {"code": {}, "files": {}}
+            return {{"code": {{}}, "files": {{}}}}
 
     @contextlib.contextmanager
     def session():
-        yield Nothing()
+        if way == "settrace":
+            import threading
+            seen = set()
+
+            def hook(frame, event, arg):
+                seen.add(frame.f_code)
+            sys.settrace(hook)
+            threading.settrace(hook)
+        try:
+            yield Nothing()
+        finally:
+            sys.settrace(None)
+            if way == "settrace":
+                threading.settrace(None)
     recording.session = session
     recording.built = lambda make: make()
     recording.Recorded.__call__ = lambda self, engine, *args: self.fn(engine, *args)
-from replaylib.runtime import params
-from replaylib.runtime.registry import stage as entry
-from replaylib.runtime.stagedir import StageDir
-from replaylib.runtime.units import run_stage
-P, stage, out = params.load(sys.argv[1]), sys.argv[2], sys.argv[4]
-declared = importlib.import_module("replaylib.stages." + entry(stage).driver).STAGE
-sd = StageDir(P, stage, out)
-sd.clear()
-started = time.perf_counter()
-run_stage(sd, declared.kernel, P, lambda: declared.inputs(P, out))
-print(json.dumps({"seconds": time.perf_counter() - started}))
-"""
+'''
 
 
-def run_stage_once(config: str, stage: str, how: str, out: Path) -> float:
-    done = subprocess.run([sys.executable, "-c", RUN_ONE, config, stage, how, str(out)], cwd=REPO, capture_output=True,
-                          text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+def run_all(config: str, out: Path, way: str, hook_dir: Path) -> dict:
+    """Every stage of the configuration, recomputed by the runner (--force); {stage: seconds}."""
+    env = {**os.environ, WAY_ENV: way,
+           "PYTHONPATH": os.pathsep.join([str(hook_dir), str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    subprocess.run([sys.executable, "-m", "replaylib.run", config, "--force", "--out", str(out)], cwd=REPO, env=env,
+                   check=True, capture_output=True)
+    name = load(REPO / config).config
+    return {s: json.loads((out / "runs" / name / s / "runner.json").read_text())["seconds"] for s in RUN_ORDER}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m replaylib.bench.recording_cost", description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="params/tiny.yaml")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--ways", default="with,without", help="with, without, settrace (comma-separated)")
     ap.add_argument("--out", default=None, help="output root (default: a temporary directory)")
     args = ap.parse_args(argv)
     out = Path(args.out or tempfile.mkdtemp(prefix="recording-cost-"))
-    subprocess.run([sys.executable, "-m", "replaylib.run", args.config, "--out", str(out)], cwd=REPO, check=True,
-                   capture_output=True)
-    seconds = {(s, how): [] for s in RUN_ORDER for how in ("with", "without")}
+    hook_dir = Path(tempfile.mkdtemp(prefix="recording-cost-hook-"))
+    (hook_dir / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    ways = [w.strip() for w in args.ways.split(",")]
+    seconds = {(s, w): [] for s in RUN_ORDER for w in ways}
     for repeat in range(args.repeats):
-        order = ("with", "without") if repeat % 2 == 0 else ("without", "with")
-        for stage in RUN_ORDER:
-            for how in order:
-                seconds[(stage, how)].append(run_stage_once(args.config, stage, how, out))
-                print(f"repeat {repeat + 1} {stage} {how} recording: {seconds[(stage, how)][-1]:.2f} s", flush=True)
-    print(f"\n{args.config}, {args.repeats} repeats, median seconds of each stage (run_stage, in a process of its own)")
-    print(f"{'stage':22} {'with':>8} {'without':>8} {'difference':>18}")
-    totals = {"with": 0.0, "without": 0.0}
-    for stage in RUN_ORDER:
-        med = {how: statistics.median(seconds[(stage, how)]) for how in totals}
-        for how in totals:
-            totals[how] += med[how]
-        diff = med["with"] - med["without"]
-        print(f"{stage:22} {med['with']:8.2f} {med['without']:8.2f} {diff:+8.2f} s {100 * diff / med['without']:+6.1f}%")
-    diff = totals["with"] - totals["without"]
-    print(f"{'all stages':22} {totals['with']:8.2f} {totals['without']:8.2f} {diff:+8.2f} s "
-          f"{100 * diff / totals['without']:+6.1f}%")
+        for way in ways if repeat % 2 == 0 else ways[::-1]:
+            for stage, secs in run_all(args.config, out, way, hook_dir).items():
+                seconds[(stage, way)].append(secs)
+            print(f"repeat {repeat + 1}, {way} recording: " + ", ".join(
+                f"{s} {seconds[(s, way)][-1]:.1f} s" for s in RUN_ORDER), flush=True)
+    others = [w for w in ways if w != "without"]
+    print(f"\n{args.config}, {args.repeats} repeats: median seconds of each stage as the runner measures it")
+    print(f"{'stage':22} {'without':>9}" + "".join(f" {w:>9} {'difference':>17}" for w in others))
+    totals = dict.fromkeys(ways, 0.0)
+    for stage in RUN_ORDER + ["all stages"]:
+        med = totals if stage == "all stages" else {w: statistics.median(seconds[(stage, w)]) for w in ways}
+        if stage != "all stages":
+            for w in ways:
+                totals[w] += med[w]
+        print(f"{stage:22} {med['without']:9.2f}" + "".join(
+            f" {med[w]:9.2f} {med[w] - med['without']:+8.2f} s {100 * (med[w] / med['without'] - 1):+5.1f}%"
+            for w in others))
     return 0
 
 

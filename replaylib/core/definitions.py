@@ -20,11 +20,12 @@ import copy
 import functools
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .paths import PACKAGE, notebook_path
+from .paths import PACKAGE, cache_dir, notebook_path
 
 TOPLEVEL = "<module>"
 NAMED = re.compile(r"replaylib(?:\.\w+)+:\w+")  # module:name, a definition a third-party process loads by name
@@ -32,6 +33,7 @@ REPORTING_MODULES = {"logging", "warnings", "replaylib.core.progress"}
 KERNEL_DISPLAY = ("progress", "count_rows", "preview")  # a Kernel's fields that only show
 
 
+@functools.lru_cache(maxsize=4096)
 def module_file(dotted: str) -> Path | None:
     """replaylib.a.b -> its file, or None when it is not a module of this package."""
     if dotted != "replaylib" and not dotted.startswith("replaylib."):
@@ -301,9 +303,10 @@ def _parsed(path: str, mtime_ns: int, size: int, dotted: str) -> Module:
 def module(dotted: str) -> Module | None:
     """A package module's definitions as its file holds them now (None when there is no such module)."""
     path = module_file(dotted)
-    if path is None:
+    try:
+        st = path.stat()
+    except (AttributeError, OSError):
         return None
-    st = path.stat()
     return _parsed(str(path), st.st_mtime_ns, st.st_size, dotted)
 
 
@@ -326,14 +329,6 @@ def compute_cells(stage: str) -> str:
 NOTEBOOK = "notebook:"  # a stage notebook's compute cells: notebook:<stage>
 
 
-@functools.lru_cache(maxsize=4096)
-def _digest_cached(dotted: str, name: str, mtime_ns: int, size: int) -> str | None:
-    mod = module(dotted)
-    if mod is None or name not in mod.defs:
-        return None
-    return hashlib.sha256(code_of(mod, name).encode()).hexdigest()[:16]
-
-
 def digest(entry: str) -> str | None:
     """The digest of a definition (``module:name``) or of a stage's compute cells (``notebook:<stage>``) as
     the files hold them now; None when it is gone."""
@@ -343,11 +338,7 @@ def digest(entry: str) -> str | None:
         except (OSError, ValueError, KeyError):
             return None
     dotted, _, name = entry.partition(":")
-    path = module_file(dotted)
-    if path is None:
-        return None
-    st = path.stat()
-    return _digest_cached(dotted, name, st.st_mtime_ns, st.st_size)
+    return fact(dotted, name)[0]
 
 
 # ------------------------------------------------------------------ following names
@@ -362,19 +353,40 @@ class Edges:
     named: tuple = ()
 
 
-def edges(dotted: str, name: str) -> Edges:
+def fact(dotted: str, name: str) -> tuple[str | None, Edges]:
+    """A definition's digest (None when it is gone) and what its code refers to, as its file holds it now."""
     path = module_file(dotted)
-    st = path.stat()
-    return _edges_cached(dotted, name, st.st_mtime_ns, st.st_size)
+    try:
+        st = path.stat()
+    except (AttributeError, OSError):  # not a module of the package, or gone
+        return None, Edges()
+    return _fact(str(path), dotted, name, st.st_mtime_ns, st.st_size)
+
+
+def edges(dotted: str, name: str) -> Edges:
+    return fact(dotted, name)[1]
 
 
 @functools.lru_cache(maxsize=8192)
-def _edges_cached(dotted: str, name: str, mtime_ns: int, size: int) -> Edges:
+def _fact(path: str, dotted: str, name: str, mtime_ns: int, size: int) -> tuple[str | None, Edges]:
+    known = _disk.get(path, mtime_ns, size, name)
+    if known is not None:
+        return known
     mod = module(dotted)
+    if name not in mod.defs:
+        found = (None, Edges())
+    else:
+        nodes = [normalised(n, mod.reporters) for n in mod.defs[name]]
+        code = "\n".join(ast.unparse(n) for n in nodes)
+        found = (hashlib.sha256(code.encode()).hexdigest()[:16], _edges_of(mod, name, nodes))
+    _disk.put(path, mtime_ns, size, name, found)
+    return found
+
+
+def _edges_of(mod: Module, name: str, nodes: list) -> Edges:
     refs, attributes, named = [], set(), []
-    for node in mod.defs[name]:
-        code = normalised(node, mod.reporters)
-        is_value = mod.kind(name) == "value"
+    is_value = mod.kind(name) == "value"
+    for code in nodes:
         binds = dict(mod.binds)
         for n in ast.walk(code):  # imports inside functions bind names too
             if isinstance(n, (ast.Import, ast.ImportFrom)):
@@ -406,6 +418,71 @@ def _edges_cached(dotted: str, name: str, mtime_ns: int, size: int) -> Edges:
                     if n.value in mod.defs and mod.kind(n.value) != "function":
                         refs.append((mod.name, n.value, False))
     return Edges(tuple(dict.fromkeys(refs)), tuple(sorted(attributes)), tuple(dict.fromkeys(named)))
+
+
+class _DiskCache:
+    """Digests and references of definitions, kept in the package's cache directory (core.paths.cache_dir) so
+    that the processes of a run normalise each definition once: keyed by each file's path, modification time
+    and size, and by this module's own source (a change to how code is normalised starts it afresh). A cache
+    that cannot be read or written is only slower."""
+
+    def __init__(self):
+        self.files, self.loaded, self.dirty = {}, False, False
+
+    @property
+    def path(self) -> Path:
+        return cache_dir() / "definitions.json"
+
+    def _load(self) -> None:
+        self.loaded = True
+        try:
+            data = json.loads(self.path.read_text())
+            if data.get("normaliser") == _normaliser_digest():
+                self.files = data["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            self.files = {}
+
+    def get(self, path: str, mtime_ns: int, size: int, name: str):
+        if not self.loaded:
+            self._load()
+        entry = self.files.get(path)
+        if not entry or entry.get("stat") != [mtime_ns, size] or name not in entry["defs"]:
+            return None
+        d, refs, attributes, named = entry["defs"][name]
+        return d, Edges(tuple(map(tuple, refs)), tuple(attributes), tuple(map(tuple, named)))
+
+    def put(self, path: str, mtime_ns: int, size: int, name: str, found) -> None:
+        entry = self.files.get(path)
+        if not entry or entry.get("stat") != [mtime_ns, size]:
+            entry = self.files[path] = {"stat": [mtime_ns, size], "defs": {}}
+        d, e = found
+        entry["defs"][name] = [d, [list(r) for r in e.refs], list(e.attributes), [list(n) for n in e.named]]
+        self.dirty = True
+
+    def save(self) -> None:
+        if not self.dirty:
+            return
+        self.dirty = False
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"normaliser": _normaliser_digest(), "files": self.files}))
+            os.replace(tmp, self.path)
+        except OSError:
+            pass
+
+
+@functools.lru_cache(maxsize=1)
+def _normaliser_digest() -> str:
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+
+
+_disk = _DiskCache()
+
+
+def save_cache() -> None:
+    """Keep what this process worked out for the next one."""
+    _disk.save()
 
 
 class Closure:

@@ -45,5 +45,15 @@ def models_dir() -> Path:
     return Path(env) if env else REPO / "models"
 
 
+def cache_dir() -> Path:
+    """Where the package keeps what it derives from its own sources to save work between processes (the code
+    of its functions with recording probes, its definitions' digests): REPLAYLIB_CACHE, else the user's cache
+    directory (XDG_CACHE_HOME or ~/.cache) / replaylib. Nothing there is a result: deleting it only costs time."""
+    env = os.environ.get("REPLAYLIB_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "replaylib"
+
+
 def notebook_path(stage: str) -> Path:
     return NOTEBOOKS / f"{stage}.ipynb"

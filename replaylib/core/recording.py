@@ -9,10 +9,10 @@ what is no longer as recorded. A process that computes for a stage (the notebook
 service, a Ray actor) records its share and hands it back with the unit's parts (``Recorded``).
 
 How the definitions that ran are seen: each function of a recorded module gets, once per process, code
-compiled from its own source with a call of ``__replaylib_probe__(n)`` at its start (a hook on every call,
-``sys.settrace`` or ``sys.setprofile``, makes Python's interpreter run its unspecialised path everywhere:
-about twice the time of a stage on the tiny model, docs/log.md). Modules imported later are compiled that
-way as they are imported. Code that only ran while its module was imported is followed statically
+compiled from its own source with a call of ``__replaylib_probe__(("module", "definition"))`` at its start (a
+hook on every call, ``sys.settrace`` or ``sys.setprofile``, makes Python's interpreter run its unspecialised
+path everywhere; its cost is in docs/log.md). Modules imported later are compiled that way as they are
+imported. The probed code is kept in the package's cache directory, so each process of a run loads it. Code that only ran while its module was imported is followed statically
 (``definitions.closure``): the module-level values and class headers that the code which ran reads, and
 what a third-party process runs by name. Files are seen by an audit hook on ``open`` and by ``note_file``
 where a library reads them in C (model weights).
@@ -25,17 +25,18 @@ from __future__ import annotations
 import ast
 import contextlib
 import functools
-import gc
+import hashlib
 import importlib.abc
 import importlib.machinery
 import logging
+import marshal
 import os
 import sys
 import types
 from pathlib import Path
 
 from . import definitions
-from .paths import DATA, PACKAGE, REPO, models_dir
+from .paths import DATA, PACKAGE, REPO, cache_dir, models_dir
 
 log = logging.getLogger("replaylib")
 
@@ -57,13 +58,13 @@ def recorded_module(name: str) -> bool:
 # ------------------------------------------------------------------ sessions
 
 class _Session:
-    __slots__ = ("ids", "files", "records", "changed", "extra_roots")
+    __slots__ = ("ran", "files", "records", "changed", "extra_roots")
 
     def __init__(self):
-        self.ids, self.files, self.records, self.changed, self.extra_roots = set(), set(), [], set(), set()
+        self.ran, self.files, self.records, self.changed, self.extra_roots = set(), set(), [], set(), set()
 
     def merge(self, other: "_Session") -> None:
-        self.ids |= other.ids
+        self.ran |= other.ran
         self.files |= other.files
         self.records += other.records
         self.changed |= other.changed
@@ -75,7 +76,6 @@ class _Session:
 
 
 _stack: list[_Session] = []
-_ids: list[tuple[str, str]] = []  # probe number -> (module, definition)
 _armed: dict[str, int] = {}  # module -> its file's mtime when its code was compiled with probes
 _changed: set[str] = set()  # modules whose code here is not their file's
 _cached: dict = {}  # (module, definition) -> its lru_cache: what it computed before may serve a session
@@ -84,9 +84,9 @@ _START = None
 _roots: tuple = ()  # where a file read counts: set when a session starts (the models directory may move)
 
 
-def __replaylib_probe__(number: int) -> None:
+def __replaylib_probe__(definition: tuple) -> None:
     if _stack:
-        _stack[-1].ids.add(number)
+        _stack[-1].ran.add(definition)
 
 
 @contextlib.contextmanager
@@ -181,16 +181,16 @@ def _located(new, like):
     return new
 
 
-def _probe_call(number: int, like) -> ast.Call:
-    return _located(ast.Call(ast.Name(PROBE, ast.Load()), [ast.Constant(number)], []), like)
+def _probe_call(definition: tuple, like) -> ast.Call:
+    """__replaylib_probe__(("module", "definition")): the constant names what ran, in any process."""
+    return _located(ast.Call(ast.Name(PROBE, ast.Load()), [ast.Constant(definition)], []), like)
 
 
 def _instrumented(tree: ast.Module, path: str, mod: definitions.Module) -> types.CodeType:
     """The module's code with a probe at the start of every function and lambda, and of the module's own
     statements (after its docstring and __future__ imports)."""
-    def number(line: int) -> int:
-        _ids.append((mod.name, mod.at_line(line)))
-        return len(_ids) - 1
+    def number(line: int) -> tuple:
+        return mod.name, mod.at_line(line)
 
     for node in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]:
         if isinstance(node, ast.Lambda):  # (probe, body)[1]
@@ -207,15 +207,40 @@ def _instrumented(tree: ast.Module, path: str, mod: definitions.Module) -> types
         at += 1
     if tree.body:
         like = tree.body[min(at, len(tree.body) - 1)]
-        _ids.append((mod.name, definitions.TOPLEVEL))
-        tree.body.insert(at, _located(ast.Expr(_probe_call(len(_ids) - 1, like)), like))
+        tree.body.insert(at, _located(ast.Expr(_probe_call((mod.name, definitions.TOPLEVEL), like)), like))
     return compile(tree, path, "exec", dont_inherit=True)
 
 
-def _with_probes(source: str, path: str, dotted: str) -> types.CodeType:
+def _with_probes(path: str, dotted: str) -> types.CodeType:
+    """A module's code with probes, from its source; kept in the package's cache directory (keyed by the
+    source's path, time and size, this interpreter and this module's own source), so that each process of a
+    run compiles it once."""
+    st = os.stat(path)
+    name = hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:24]
+    cached = cache_dir() / "probes" / f"{name}-{_probes_key()}.marshal"
+    key = f"{st.st_mtime_ns} {st.st_size}".encode()
+    try:
+        data = cached.read_bytes()
+        if data.startswith(key + b"\n"):
+            return marshal.loads(data[len(key) + 1:])
+    except (OSError, ValueError, EOFError, TypeError):
+        pass
+    source = Path(path).read_text(encoding="utf-8")
     tree = ast.parse(source, path)
-    mod = definitions.parse(source, dotted, path.endswith("__init__.py"), tree)
-    return _instrumented(tree, path, mod)
+    code = _instrumented(tree, path, definitions.parse(source, dotted, path.endswith("__init__.py"), tree))
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(key + b"\n" + marshal.dumps(code))
+        os.replace(tmp, cached)
+    except OSError:  # a directory it cannot write: compiled again next time
+        pass
+    return code
+
+
+@functools.lru_cache(maxsize=1)
+def _probes_key() -> str:
+    return hashlib.sha256(Path(__file__).read_bytes() + sys.version.encode()).hexdigest()[:12]
 
 
 def _codes(code: types.CodeType, path: str, out: dict) -> dict:
@@ -233,27 +258,48 @@ def _same_code(a: types.CodeType, b: types.CodeType) -> bool:
                (type(x) is type(y) and x == y) for x, y in zip(a.co_consts, b.co_consts))
 
 
-def _module_functions(module) -> list:
-    """The functions and methods a module defines, as its namespace holds them."""
-    found, todo = [], list(vars(module).values())
-    seen = set()
+def _reachable(module) -> tuple[list, list]:
+    """The functions a module's namespace reaches, and the lru caches among what it holds: its functions, its
+    classes' methods, what decorators wrapped, closures' captured functions, and functions kept in its
+    module-level values (dicts, lists, tuples, partials, instances of the package's classes)."""
+    functions, caches, seen = [], [], set()
+    todo = [(v, 0) for v in vars(module).values()]
     while todo:
-        obj = todo.pop()
-        if id(obj) in seen:
+        obj, depth = todo.pop()
+        if depth > 4 or id(obj) in seen:
             continue
         seen.add(id(obj))
-        if isinstance(obj, types.FunctionType) and obj.__module__ == module.__name__:
-            found.append(obj)
-        elif isinstance(obj, type) and obj.__module__ == module.__name__:
-            todo += list(vars(obj).values())
+        more = ()
+        if isinstance(obj, types.FunctionType):
+            functions.append(obj)
+            more = [c.cell_contents for c in obj.__closure__ or () if _filled(c)]
+        elif isinstance(obj, functools._lru_cache_wrapper):
+            caches.append(obj)
+            more = [obj.__wrapped__]
+        elif isinstance(obj, type):
+            more = list(vars(obj).values()) if obj.__module__ == module.__name__ else ()
         elif isinstance(obj, (staticmethod, classmethod)):
-            todo.append(obj.__func__)
+            more = [obj.__func__]
         elif isinstance(obj, property):
-            todo += [f for f in (obj.fget, obj.fset, obj.fdel) if f is not None]
-        elif hasattr(obj, "__wrapped__") and callable(obj):
-            with contextlib.suppress(Exception):
-                todo.append(obj.__wrapped__)
-    return found
+            more = [obj.fget, obj.fset, obj.fdel]
+        elif isinstance(obj, functools.partial):
+            more = [obj.func, *obj.args, *obj.keywords.values()]
+        elif isinstance(obj, dict):
+            more = list(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            more = list(obj)
+        elif type(obj).__module__.startswith("replaylib.") and hasattr(obj, "__dict__"):
+            more = list(vars(obj).values())
+        todo += [(m, depth + 1) for m in more if m is not None and not isinstance(m, (str, bytes, int, float))]
+    return functions, caches
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
 
 
 def _changed_since_loaded(module, path: str, source: str) -> bool:
@@ -265,7 +311,7 @@ def _changed_since_loaded(module, path: str, source: str) -> bool:
         fresh = _codes(compile(source, path, "exec", dont_inherit=True), path, {})
     except SyntaxError:
         return True
-    for fn in _module_functions(module):
+    for fn in _reachable(module)[0]:
         code = fn.__code__
         other = fresh.get((code.co_filename, code.co_qualname, code.co_firstlineno))
         if code.co_filename == path and (other is None or not _same_code(code, other)):
@@ -286,7 +332,7 @@ def _instrument(module) -> dict:
         log.warning("%s changed after this process imported it: what runs here is not the file; restart the "
                     "process (the notebook's kernel) to record what the file holds", path)
         return {}
-    code = _with_probes(source, path, name)
+    code = _with_probes(path, name)
     setattr(module, PROBE, __replaylib_probe__)
     _armed[name] = mtime
     return _codes(code, path, {})
@@ -298,7 +344,7 @@ class _Loader(importlib.machinery.SourceFileLoader):
     def get_code(self, fullname):
         path = self.get_filename(fullname)
         _armed[fullname] = os.stat(path).st_mtime_ns
-        return _with_probes(Path(path).read_text(encoding="utf-8"), path, fullname)
+        return _with_probes(path, fullname)
 
     def exec_module(self, module):
         setattr(module, PROBE, __replaylib_probe__)
@@ -326,27 +372,31 @@ def _arm() -> None:
     new = [m for n, m in list(sys.modules.items()) if recorded_module(n) and n not in _armed and m is not None]
     if not new:
         return
-    codes = {}
+    codes, functions = {}, []
     for module in new:
         _armed[module.__name__] = 0  # looked at: a module without a source file is never compiled anew
         codes.update(_instrument(module))
-    for obj in gc.get_objects():  # functions made before (a module's, a closure a decorator made): their code
-        if type(obj) is types.FunctionType:
-            code = obj.__code__
-            swap = codes.get((code.co_filename, code.co_qualname, code.co_firstlineno))
-            if swap is not None and len(swap.co_freevars) == len(code.co_freevars):
-                obj.__code__ = swap
-        elif type(obj) is functools._lru_cache_wrapper:
-            wrapped = getattr(obj, "__wrapped__", None)
+        found, caches = _reachable(module)
+        functions += found
+        for cache in caches:
+            wrapped = getattr(cache, "__wrapped__", None)
             dotted = definitions.module_name(getattr(getattr(wrapped, "__code__", None), "co_filename", ""))
             if dotted and recorded_module(dotted):
-                _cached[(dotted, wrapped.__qualname__.split(".<locals>")[0])] = obj
+                _cached[(dotted, wrapped.__qualname__.split(".<locals>")[0])] = cache
+    for fn in functions:  # functions made before: their code, with probes (closures they make get it too)
+        code = fn.__code__
+        swap = codes.get((code.co_filename, code.co_qualname, code.co_firstlineno))
+        if swap is not None and len(swap.co_freevars) == len(code.co_freevars):
+            fn.__code__ = swap
 
 
 # ------------------------------------------------------------------ files
 
 def _read_roots() -> tuple:
-    return tuple(os.path.realpath(r) + os.sep for r in (DATA, models_dir(), PACKAGE))
+    """The directories whose files count, as written and as resolved (a path is resolved only once it is in
+    one: resolving every file an import opens would cost more than the stage's own work)."""
+    roots = (DATA, models_dir(), PACKAGE)
+    return tuple(dict.fromkeys(os.path.join(p, "") for r in roots for p in (os.path.abspath(r), os.path.realpath(r))))
 
 
 def _audit(event: str, args) -> None:
@@ -355,15 +405,17 @@ def _audit(event: str, args) -> None:
     path, mode, flags = args
     if isinstance(path, int) or path is None:
         return
+    path = os.fsdecode(os.fspath(path))
+    if path.endswith((".py", ".pyc")) or f"{os.sep}__pycache__{os.sep}" in path:
+        return  # code, recorded as definitions, and what is derived from it
     if mode is not None and any(c in str(mode) for c in "wax+"):
         return
     if mode is None and isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR):
         return
-    full = os.path.realpath(os.fsdecode(path))
-    if full.endswith((".py", ".pyc")):
-        return  # code: recorded as definitions
-    if full.startswith(_roots):
-        _stack[-1].files.add(full)
+    if not path.startswith(os.sep):
+        path = os.path.abspath(path)
+    if path.startswith(_roots):
+        _stack[-1].files.add(os.path.realpath(path))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -399,7 +451,7 @@ def file_entry(path) -> dict | None:
 # ------------------------------------------------------------------ records
 
 def build_record(s: _Session) -> dict:
-    ran = {_ids[i] for i in s.ids} | s.extra_roots
+    ran = s.ran | s.extra_roots
     ran |= {d for d, cache in _cached.items() if cache.cache_info().currsize}  # its results may have served
     code = {}
     for dotted, name in definitions.closure(ran, values_only=True, within=recorded_module):
@@ -415,6 +467,7 @@ def build_record(s: _Session) -> dict:
     record = {"code": code, "files": files}
     for earlier in s.records:
         record = merged(record, earlier)
+    definitions.save_cache()
     return record
 
 
@@ -423,8 +476,11 @@ def _edited_since_loaded(dotted: str) -> bool:
     if dotted in _changed:
         return True
     path = definitions.module_file(dotted)
-    if dotted not in _armed or path is None or os.stat(path).st_mtime_ns == _armed[dotted]:
-        return False
+    try:
+        if dotted not in _armed or path is None or os.stat(path).st_mtime_ns == _armed[dotted]:
+            return False
+    except OSError:  # gone since
+        pass
     _changed.add(dotted)
     log.warning("%s changed after this process imported it: what runs here is not the file; restart the process (the "
                 "notebook's kernel) to record what the file holds", path)
@@ -457,6 +513,13 @@ def changes(record: dict | None, first_only: bool = False) -> list[str]:
     """What is no longer as a record says, in words ([] when every definition and file is as recorded)."""
     if not isinstance(record, dict) or not isinstance(record.get("code"), dict):
         return ["no record of the code it used (made by an older replaylib)"]
+    try:
+        return _changes(record, first_only)
+    finally:
+        definitions.save_cache()
+
+
+def _changes(record: dict, first_only: bool) -> list[str]:
     found = []
     for entry, digest in sorted(record["code"].items()):
         now = definitions.digest(entry)
