@@ -413,3 +413,45 @@ def test_the_same_kinds_of_edit_to_what_computes_make_those_stages_stale(case):
     stale = would_run(case)
     assert stale["02_pivot_mining"] == "replaylib/measure/_patterns.py: run_all changed"
     assert stale["03_three_pass_replay"] == "replaylib/measure/replay.py: KERNEL changed"
+
+
+CACHED = "def f():\n    return {}\n"
+CACHED_RUN = """
+import json
+from replaylib.core import definitions, recording
+from replaylib.measure import _cached
+with recording.session() as here:
+    value = _cached.f()
+print(json.dumps([value, definitions.fact("replaylib.measure._cached", "f")[0], _cached.f.__code__.co_filename,
+                  sorted(here.record()["code"])]))
+definitions.save_cache()
+"""
+
+
+def test_the_caches_serve_only_what_a_file_holds_and_follow_a_copy(tmp_path):
+    """The probed code and the definitions kept between processes (core.paths.cache_dir) are those of the
+    file's content: an edit that keeps the file's size and time is neither run from the cache nor recorded
+    from it, and a copy of the repository elsewhere runs its own file."""
+    module = "replaylib/measure/_cached.py"
+    copies = [tmp_path / "a", tmp_path / "b"]
+    for copy in copies:
+        shutil.copytree(REPO / "replaylib", copy / "replaylib", ignore=shutil.ignore_patterns("__pycache__"))
+        (copy / module).write_text(CACHED.format(1))
+
+    def ran(copy: Path) -> list:
+        done = subprocess.run([sys.executable, "-c", CACHED_RUN], cwd=copy, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(copy), "REPLAYLIB_CACHE": str(tmp_path / "cache")})
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    value, digest, filename, recorded = ran(copies[0])
+    assert (value, filename) == (1, str(copies[0] / module)) and "replaylib.measure._cached:f" in recorded
+    path = copies[0] / module
+    before = path.stat()
+    path.write_text(CACHED.format(2))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_size == before.st_size and path.stat().st_mtime_ns == before.st_mtime_ns
+    value, edited, filename, recorded = ran(copies[0])
+    assert value == 2 and edited != digest and "replaylib.measure._cached:f" in recorded  # the file's code runs and is recorded, not the cached one
+    value, copied, filename, _ = ran(copies[1])
+    assert (value, copied, filename) == (1, digest, str(copies[1] / module))

@@ -20,12 +20,11 @@ import copy
 import functools
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .paths import PACKAGE, cache_dir, notebook_path
+from .paths import PACKAGE, cache_dir, notebook_path, write_cached
 
 TOPLEVEL = "<module>"
 NAMED = re.compile(r"replaylib(?:\.\w+)+:\w+")  # module:name, a definition a third-party process loads by name
@@ -369,7 +368,7 @@ def edges(dotted: str, name: str) -> Edges:
 
 @functools.lru_cache(maxsize=8192)
 def _fact(path: str, dotted: str, name: str, mtime_ns: int, size: int) -> tuple[str | None, Edges]:
-    known = _disk.get(path, mtime_ns, size, name)
+    known = _disk.get(path, mtime_ns, size, dotted, name)
     if known is not None:
         return known
     mod = module(dotted)
@@ -379,7 +378,7 @@ def _fact(path: str, dotted: str, name: str, mtime_ns: int, size: int) -> tuple[
         nodes = [normalised(n, mod.reporters) for n in mod.defs[name]]
         code = "\n".join(ast.unparse(n) for n in nodes)
         found = (hashlib.sha256(code.encode()).hexdigest()[:16], _edges_of(mod, name, nodes))
-    _disk.put(path, mtime_ns, size, name, found)
+    _disk.put(path, mtime_ns, size, dotted, name, found)
     return found
 
 
@@ -422,59 +421,60 @@ def _edges_of(mod: Module, name: str, nodes: list) -> Edges:
 
 class _DiskCache:
     """Digests and references of definitions, kept in the package's cache directory (core.paths.cache_dir) so
-    that the processes of a run normalise each definition once: keyed by each file's path, modification time
-    and size, and by this module's own source (a change to how code is normalised starts it afresh). A cache
-    that cannot be read or written is only slower."""
+    that the processes of a run, and copies of the repository, normalise each definition once: a file per
+    source file's content, keyed too by its module's name, the package's modules (a name may resolve to a
+    submodule) and this module's own source (a change to how code is normalised starts afresh)."""
 
     def __init__(self):
-        self.files, self.loaded, self.dirty = {}, False, False
+        self.keys, self.entries, self.dirty = {}, {}, set()
 
-    @property
-    def path(self) -> Path:
-        return cache_dir() / "definitions.json"
+    def _key(self, path: str, mtime_ns: int, size: int, dotted: str) -> str:
+        at = (path, mtime_ns, size, dotted)
+        if at not in self.keys:
+            try:
+                content = Path(path).read_bytes()
+            except OSError:
+                content = b""
+            self.keys[at] = hashlib.sha256(b"\0".join(
+                [content, dotted.encode(), _layout_digest().encode(), _normaliser_digest().encode()])).hexdigest()[:32]
+        return self.keys[at]
 
-    def _load(self) -> None:
-        self.loaded = True
+    def _of(self, key: str) -> dict:
+        if key not in self.entries:
+            try:
+                self.entries[key] = json.loads((cache_dir() / "definitions" / f"{key}.json").read_text())
+            except (OSError, ValueError):
+                self.entries[key] = {}
+        return self.entries[key]
+
+    def get(self, path: str, mtime_ns: int, size: int, dotted: str, name: str):
         try:
-            data = json.loads(self.path.read_text())
-            if data.get("normaliser") == _normaliser_digest():
-                self.files = data["files"]
-        except (OSError, ValueError, KeyError, TypeError):
-            self.files = {}
-
-    def get(self, path: str, mtime_ns: int, size: int, name: str):
-        if not self.loaded:
-            self._load()
-        entry = self.files.get(path)
-        if not entry or entry.get("stat") != [mtime_ns, size] or name not in entry["defs"]:
+            d, refs, attributes, named = self._of(self._key(path, mtime_ns, size, dotted))[name]
+        except (KeyError, TypeError, ValueError):
             return None
-        d, refs, attributes, named = entry["defs"][name]
         return d, Edges(tuple(map(tuple, refs)), tuple(attributes), tuple(map(tuple, named)))
 
-    def put(self, path: str, mtime_ns: int, size: int, name: str, found) -> None:
-        entry = self.files.get(path)
-        if not entry or entry.get("stat") != [mtime_ns, size]:
-            entry = self.files[path] = {"stat": [mtime_ns, size], "defs": {}}
+    def put(self, path: str, mtime_ns: int, size: int, dotted: str, name: str, found) -> None:
+        key = self._key(path, mtime_ns, size, dotted)
         d, e = found
-        entry["defs"][name] = [d, [list(r) for r in e.refs], list(e.attributes), [list(n) for n in e.named]]
-        self.dirty = True
+        self._of(key)[name] = [d, [list(r) for r in e.refs], list(e.attributes), [list(n) for n in e.named]]
+        self.dirty.add(key)
 
     def save(self) -> None:
-        if not self.dirty:
-            return
-        self.dirty = False
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"normaliser": _normaliser_digest(), "files": self.files}))
-            os.replace(tmp, self.path)
-        except OSError:
-            pass
+        for key in sorted(self.dirty):
+            write_cached(cache_dir() / "definitions" / f"{key}.json", json.dumps(self.entries[key]).encode())
+        self.dirty.clear()
 
 
 @functools.lru_cache(maxsize=1)
 def _normaliser_digest() -> str:
     return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=1)
+def _layout_digest() -> str:
+    return hashlib.sha256("\n".join(sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py"))).encode()
+                          ).hexdigest()[:16]
 
 
 _disk = _DiskCache()

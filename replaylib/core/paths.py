@@ -55,5 +55,22 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "replaylib"
 
 
+def write_cached(path: Path, data: bytes, most: int = 4000) -> None:
+    """Write one file of a cache_dir() folder whole (a reader sees the old file or the new one), keeping the
+    folder to its ``most`` most recently written files. A cache that cannot be written is only slower."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        entries = list(os.scandir(path.parent))
+        if len(entries) > most:
+            entries.sort(key=lambda e: e.stat().st_mtime_ns)
+            for old in entries[:len(entries) - most // 2]:
+                os.unlink(old.path)
+    except OSError:
+        pass
+
+
 def notebook_path(stage: str) -> Path:
     return NOTEBOOKS / f"{stage}.ipynb"

@@ -36,7 +36,7 @@ import types
 from pathlib import Path
 
 from . import definitions
-from .paths import DATA, PACKAGE, REPO, cache_dir, models_dir
+from .paths import DATA, PACKAGE, REPO, cache_dir, models_dir, write_cached
 
 log = logging.getLogger("replaylib")
 
@@ -51,6 +51,7 @@ NOT_RECORDED = ("replaylib.credit.cli", "replaylib.credit.report", "replaylib.cr
                 "replaylib.credit.outdir", "replaylib.credit.export")
 
 
+@functools.lru_cache(maxsize=None)
 def recorded_module(name: str) -> bool:
     return name.startswith(RECORDED) and not name.startswith(NOT_RECORDED)
 
@@ -213,29 +214,28 @@ def _instrumented(tree: ast.Module, path: str, mod: definitions.Module) -> types
 
 def _with_probes(path: str, dotted: str) -> types.CodeType:
     """A module's code with probes, from its source; kept in the package's cache directory (keyed by the
-    source's path, time and size, this interpreter and this module's own source), so that each process of a
-    run compiles it once."""
-    st = os.stat(path)
-    name = hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:24]
-    cached = cache_dir() / "probes" / f"{name}-{_probes_key()}.marshal"
-    key = f"{st.st_mtime_ns} {st.st_size}".encode()
+    source, the module's name, this interpreter and this module's own source), so that each process of a run,
+    and each copy of the repository, compiles it once."""
+    source = Path(path).read_bytes()
+    key = hashlib.sha256(b"\0".join([source, dotted.encode(), _probes_key().encode()])).hexdigest()[:32]
+    cached = cache_dir() / "probes" / f"{key}.marshal"
     try:
-        data = cached.read_bytes()
-        if data.startswith(key + b"\n"):
-            return marshal.loads(data[len(key) + 1:])
+        return _at(marshal.loads(cached.read_bytes()), path)
     except (OSError, ValueError, EOFError, TypeError):
         pass
-    source = Path(path).read_text(encoding="utf-8")
-    tree = ast.parse(source, path)
-    code = _instrumented(tree, path, definitions.parse(source, dotted, path.endswith("__init__.py"), tree))
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(key + b"\n" + marshal.dumps(code))
-        os.replace(tmp, cached)
-    except OSError:  # a directory it cannot write: compiled again next time
-        pass
+    text = source.decode("utf-8")
+    tree = ast.parse(text, path)
+    code = _instrumented(tree, path, definitions.parse(text, dotted, path.endswith("__init__.py"), tree))
+    write_cached(cached, marshal.dumps(code))
     return code
+
+
+def _at(code: types.CodeType, path: str) -> types.CodeType:
+    """Code compiled from a file's source, as compiled at ``path`` (a copy of the file elsewhere)."""
+    if code.co_filename == path:
+        return code
+    return code.replace(co_filename=path, co_consts=tuple(
+        _at(c, path) if isinstance(c, types.CodeType) else c for c in code.co_consts))
 
 
 @functools.lru_cache(maxsize=1)
