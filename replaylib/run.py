@@ -5,7 +5,8 @@ With no stage named, runs every stage that is missing or stale: its parameters, 
 ran when it was computed or a file it read (its record, replaylib.core.recording), or an upstream
 stage's outputs changed since it finished. A named stage runs the same way, with whatever of
 its upstream stages is missing or stale (an up-to-date one is left as it is, as its notebook
-would leave it); --force recomputes every stage it runs, reusing no partial result. A stage
+would leave it); --force recomputes the named stages (every stage when none is named), reusing no
+partial result, and a stage between them reruns only where what it reads changed. A stage
 killed midway resumes from its finished shards when nothing they used changed. Each stage is its notebook,
 executed by papermill into runs/<config>/<stage>/<stage>.ipynb with only the
 parameters that notebook declares. Options and stage names mix in any order. A vLLM
@@ -411,8 +412,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m replaylib.run", description=__doc__.splitlines()[0])
     ap.add_argument("params", help="a params YAML file, e.g. params/embedded.yaml")
     ap.add_argument("stages", nargs="*", help=f"stages to run ({', '.join(STAGES)}); default: all missing or stale")
-    ap.add_argument("--force", action="store_true", help="recompute the stages it runs (the named ones, or every "
-                                                         "stage) even if up to date, reusing no partial result")
+    ap.add_argument("--force", action="store_true", help="recompute the named stages (or every stage) even if up "
+                                                         "to date, reusing no partial result")
     ap.add_argument("--upto", action="append", metavar="STAGE",
                     help="run the missing or stale stages up to STAGE and what it needs, nothing after (repeatable)")
     ap.add_argument("--out", default=None, help="root for runs/, figures/, tables/ (default: the repository)")
@@ -469,18 +470,21 @@ def main(argv=None) -> int:
     try:
         from .runtime.engine_service import run_broker, wants_broker
         with run_broker(wants_broker(params, [s for s, _ in todo]), out):  # the run's stages share its vLLM engines
-            stopped = _run_stages(params, todo, args, runs, ran, out)
+            # --force recomputes the named stages (or every one); a stage after them reruns only if their outputs
+            # changed (it reads itself when up to date)
+            forced = set(named or RUN_ORDER) if args.force else set()
+            stopped = _run_stages(params, todo, args, runs, ran, out, forced)
     finally:
         signal.signal(signal.SIGTERM, previous)
     return stopped if stopped is not None else _finish(params, args, ran, out)
 
 
-def _run_stages(params: Params, todo, args, runs: Path, ran: list, out: Path) -> int | None:
+def _run_stages(params: Params, todo, args, runs: Path, ran: list, out: Path, forced: set) -> int | None:
     """Each stage in turn; an exit code when one stops the run, else None."""
     for stage, reason in todo:
         start = time.time()
         try:
-            execute(params, stage, out, fresh=args.force,
+            execute(params, stage, out, fresh=stage in forced,
                     params_file=shlex.join([str(args.params)] + [w for a in args.set for w in ("--set", a)]),
                     preview=args.preview)
         except (KeyboardInterrupt, Terminated) as e:

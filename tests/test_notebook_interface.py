@@ -114,3 +114,17 @@ def test_a_notebook_runs_the_configuration_it_names(root, tmp_path):
     replayed = json.loads((root / "runs" / named[0] / "03_three_pass_replay" / "params.json").read_text())["params"]
     assert replayed["k"] == 4 and replayed["max_cont_tokens"] == tiny.max_cont_tokens == 12
     assert state(root / "runs" / "tiny") == before
+
+
+def test_forcing_two_stages_leaves_one_between_them_that_reads_the_same_inputs(root):
+    """--force on stages 02 and 04: 02 recomputes to the same bytes, so stage 03 between them (which 04 reads)
+    is read, not recomputed: its records keep their bytes and its manifest says nothing was computed again."""
+    replay = root / "runs" / "tiny" / "03_three_pass_replay"
+    records = (replay / "records.parquet").read_bytes()
+    manifest = (replay / "manifest.json").read_bytes()
+    ran = subprocess.run([os.sys.executable, "-m", "replaylib.run", str(TINY), "02_pivot_mining", "04_statistics",
+                          "--force", "--out", str(root)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stderr
+    assert "03_three_pass_replay: up to date" in (replay / "03_three_pass_replay.ipynb").read_text()
+    assert (replay / "records.parquet").read_bytes() == records and (replay / "manifest.json").read_bytes() == manifest
+    assert json.loads((root / "runs" / "tiny" / "02_pivot_mining" / "manifest.json").read_text())["units"]["computed"]
