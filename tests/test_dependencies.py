@@ -452,6 +452,44 @@ def test_the_caches_serve_only_what_a_file_holds_and_follow_a_copy(tmp_path):
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert path.stat().st_size == before.st_size and path.stat().st_mtime_ns == before.st_mtime_ns
     value, edited, filename, recorded = ran(copies[0])
-    assert value == 2 and edited != digest and "replaylib.measure._cached:f" in recorded  # the file's code runs and is recorded, not the cached one
+    # the file's code runs and is recorded, not the cached one
+    assert value == 2 and edited != digest and "replaylib.measure._cached:f" in recorded
     value, copied, filename, _ = ran(copies[1])
     assert (value, copied, filename) == (1, digest, str(copies[1] / module))
+
+
+REACHABLE = """
+import gc, importlib, json, pkgutil, sys, types
+import replaylib
+from replaylib.core import recording
+from replaylib.measure import grading
+
+
+def unreachable():
+    gc.collect()
+    reached = {id(f) for n, m in list(sys.modules.items()) if recording.recorded_module(n) and m is not None
+               for f in recording._reachable(m)[0]}
+    files = {getattr(m, "__file__", None) for n, m in list(sys.modules.items()) if recording.recorded_module(n)}
+    return sorted(f.__qualname__ for f in gc.get_objects() if type(f) is types.FunctionType
+                  and f.__code__.co_filename in files and id(f) not in reached)
+
+
+for m in pkgutil.walk_packages(replaylib.__path__, "replaylib."):
+    if recording.recorded_module(m.name):
+        importlib.import_module(m.name)
+before = unreachable()
+held_elsewhere = [types.FunctionType(grading.grade.__code__, {})]  # as a hook another library keeps
+print(json.dumps([before, unreachable()]))
+"""
+
+
+def test_every_function_a_recorded_module_made_is_found_from_its_namespace():
+    """Functions made before recording began get their probes by being found from their module's namespace
+    (recording._reachable), not by scanning every object: so every function of the recorded modules that exists
+    once they are imported must be found that way (a function only another library holds, as a hook registered
+    at import, would run unrecorded). The check finds such a function when there is one."""
+    done = subprocess.run([sys.executable, "-c", REACHABLE], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    before, with_one_held_elsewhere = json.loads(done.stdout.splitlines()[-1])
+    assert before == []
+    assert with_one_held_elsewhere == ["grade"]

@@ -12,10 +12,11 @@ How the definitions that ran are seen: each function of a recorded module gets, 
 compiled from its own source with a call of ``__replaylib_probe__(("module", "definition"))`` at its start (a
 hook on every call, ``sys.settrace`` or ``sys.setprofile``, makes Python's interpreter run its unspecialised
 path everywhere; its cost is in docs/log.md). Modules imported later are compiled that way as they are
-imported. The probed code is kept in the package's cache directory, so each process of a run loads it. Code that only ran while its module was imported is followed statically
-(``definitions.closure``): the module-level values and class headers that the code which ran reads, and
-what a third-party process runs by name. Files are seen by an audit hook on ``open`` and by ``note_file``
-where a library reads them in C (model weights).
+imported; functions made before are found from their module's namespace. The probed code is kept in the
+package's cache directory, so each process of a run compiles it once. Code that only ran while its module
+was imported is followed statically (``definitions.closure``): the module-level values and class headers
+that the code which ran reads, and what a third-party process runs by name. Files are seen by an audit hook
+on ``open`` and by ``note_file`` where a library reads them in C (model weights).
 
 A module changed on disk after this process loaded it is not what runs here: its definitions are recorded
 as ``CHANGED`` (never current) and the session says to restart the process.
