@@ -1,6 +1,9 @@
 import hashlib
 import json
 import os
+import subprocess
+import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -74,6 +77,30 @@ def test_tiny_margins_spread(tiny_dir):
     m = torch.cat(margins)
     q = m.quantile(torch.tensor([0.1, 0.5, 0.9, 1.0]))
     assert q[0] < 0.3 and 0.2 < q[1] < 2.0 and q[2] > 1.5 and 3.0 < q[3] < 12.0, q
+
+
+SLOW_BUILD = """
+import os, sys, time
+from replaylib.measure import models
+build = models.build_tiny_model
+models.build_tiny_model = lambda *a, **k: (time.sleep(float(sys.argv[1])), build(*a, **k))[1]
+final = models.tiny_model(0)
+print(os.stat(final).st_ino, os.stat(final / "built-by.json").st_ino)
+"""
+
+
+def test_stages_that_start_together_share_one_tiny_build(mdir):
+    """Two processes ask for the tiny model at once (a campaign's stages start together), the first one's build
+    still running when the second asks: the second waits and takes that build, never replacing it (a stage that
+    had recorded the first build would be stale for nothing)."""
+    env = {**os.environ, "REPLAYLIB_MODELS": str(mdir), "PYTHONPATH": str(REPO)}
+    first = subprocess.Popen([sys.executable, "-c", SLOW_BUILD, "8"], env=env, stdout=subprocess.PIPE, text=True)
+    time.sleep(1)
+    second = subprocess.Popen([sys.executable, "-c", SLOW_BUILD, "0"], env=env, stdout=subprocess.PIPE, text=True)
+    seen = [p.communicate(timeout=300)[0].split() for p in (first, second)]
+    assert first.returncode == second.returncode == 0
+    final = mdir / "tiny-seed0"
+    assert seen[0] == seen[1] == [str(os.stat(final).st_ino), str(os.stat(final / "built-by.json").st_ino)]
 
 
 def test_resolve_tiny_cached(mdir):

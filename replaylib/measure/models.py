@@ -13,6 +13,7 @@ with `zipfile`; the assembled file is checked against a pinned size and sha256.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -353,24 +354,53 @@ def tiny_model(seed: int) -> Path:
     """models/tiny-seed<SEED>, built from code once and kept while the code and files that built it are as
     they were (its record, built-by.json); the record joins the caller's, as if it had built the model."""
     final = models_dir() / f"tiny-seed{seed}"
+    built = _kept_build(final)
+    if built is None:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        with _one_builder(final.parent):  # a process that waited reads the build another made
+            built = _kept_build(final)
+            if built is None:
+                built = _build_tiny(final, seed)
+    recording.note_record(built)
+    return final
+
+
+def _kept_build(final: Path) -> dict | None:
+    """The record of the tiny model built at ``final`` while what built it is as it was, else None."""
     try:
         built = json.loads((final / BUILT_BY).read_text())
     except (OSError, ValueError):
-        built = None
-    if built is None or not (final / "config.json").is_file() or recording.changes(built, first_only=True):
-        tmp = _tmp_sibling(final)
+        return None
+    if not (final / "config.json").is_file() or recording.changes(built, first_only=True):
+        return None
+    return built
+
+
+def _build_tiny(final: Path, seed: int) -> dict:
+    tmp = _tmp_sibling(final)
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with recording.session() as s:
+            build_tiny_model(tmp, seed=seed)
+        built = s.record()
+        (tmp / BUILT_BY).write_text(json.dumps(built, indent=1, sort_keys=True) + "\n")
+        _publish(tmp, final, replace=True)
+    except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            with recording.session() as s:
-                build_tiny_model(tmp, seed=seed)
-            built = s.record()
-            (tmp / BUILT_BY).write_text(json.dumps(built, indent=1, sort_keys=True) + "\n")
-            _publish(tmp, final, replace=True)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    recording.note_record(built)
-    return final
+        raise
+    return built
+
+
+@contextlib.contextmanager
+def _one_builder(directory: Path):
+    """Builds in a models directory one at a time (the stages of a campaign start together): a build replaced
+    while another stage had recorded it would make that stage stale."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 # --------------------------------------------------------------------------- CLI
