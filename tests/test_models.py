@@ -79,24 +79,40 @@ def test_tiny_margins_spread(tiny_dir):
     assert q[0] < 0.3 and 0.2 < q[1] < 2.0 and q[2] > 1.5 and 3.0 < q[3] < 12.0, q
 
 
-SLOW_BUILD = """
+ASK_FOR_TINY = """
 import os, sys, time
+from pathlib import Path
 from replaylib.measure import models
+role, marks = sys.argv[1], Path(sys.argv[2])
 build = models.build_tiny_model
-models.build_tiny_model = lambda *a, **k: (time.sleep(float(sys.argv[1])), build(*a, **k))[1]
+
+
+def build_once_the_other_asks(*args, **kwargs):
+    (marks / "building").touch()
+    while not (marks / "asking").exists():
+        time.sleep(0.05)
+    return build(*args, **kwargs)
+
+
+if role == "first":
+    models.build_tiny_model = build_once_the_other_asks
+else:
+    (marks / "asking").touch()
 final = models.tiny_model(0)
 print(os.stat(final).st_ino, os.stat(final / "built-by.json").st_ino)
 """
 
 
-def test_stages_that_start_together_share_one_tiny_build(mdir):
-    """Two processes ask for the tiny model at once (a campaign's stages start together), the first one's build
-    still running when the second asks: the second waits and takes that build, never replacing it (a stage that
-    had recorded the first build would be stale for nothing)."""
+def test_stages_that_start_together_share_one_tiny_build(mdir, tmp_path):
+    """Two processes ask for the tiny model at once (a campaign's stages start together), the second while the
+    first one's build is running: the second takes that build, never replacing it (a stage that had recorded
+    the first build would be stale for nothing)."""
     env = {**os.environ, "REPLAYLIB_MODELS": str(mdir), "PYTHONPATH": str(REPO)}
-    first = subprocess.Popen([sys.executable, "-c", SLOW_BUILD, "8"], env=env, stdout=subprocess.PIPE, text=True)
-    time.sleep(1)
-    second = subprocess.Popen([sys.executable, "-c", SLOW_BUILD, "0"], env=env, stdout=subprocess.PIPE, text=True)
+    ask = [sys.executable, "-c", ASK_FOR_TINY]
+    first = subprocess.Popen(ask + ["first", str(tmp_path)], env=env, stdout=subprocess.PIPE, text=True)
+    while not (tmp_path / "building").exists() and first.poll() is None:
+        time.sleep(0.05)
+    second = subprocess.Popen(ask + ["second", str(tmp_path)], env=env, stdout=subprocess.PIPE, text=True)
     seen = [p.communicate(timeout=300)[0].split() for p in (first, second)]
     assert first.returncode == second.returncode == 0
     final = mdir / "tiny-seed0"
