@@ -57,10 +57,11 @@ def cache_dir() -> Path:
 
 def write_cached(path: Path, data: bytes, most: int = 4000) -> None:
     """Write one file of a cache_dir() folder whole (a reader sees the old file or the new one), keeping the
-    folder to its ``most`` most recently written files. A cache that cannot be written is only slower."""
+    folder to its ``most`` most recently written files. A cache that cannot be written is only slower. Not
+    core.files.atomic_write_bytes: that is code stages record, and the recorder writes here while recording."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_bytes(data)
         os.replace(tmp, path)
         entries = list(os.scandir(path.parent))
@@ -69,7 +70,7 @@ def write_cached(path: Path, data: bytes, most: int = 4000) -> None:
             for old in entries[:len(entries) - most // 2]:
                 os.unlink(old.path)
     except OSError:
-        pass
+        tmp.unlink(missing_ok=True)
 
 
 def notebook_path(stage: str) -> Path:
