@@ -102,3 +102,18 @@ def test_a_finished_notebook_s_kernel_stops_without_a_keyboard_interrupt(tmp_pat
     execute_notebook(tmp_path / "slow.ipynb", tmp_path / "done.ipynb", {})
     assert (tmp_path / "done.ipynb").exists()
     assert "KeyboardInterrupt" not in capfd.readouterr().err
+
+
+def test_token_pieces_read_without_transformers_are_transformers_pieces(tiny_finished):
+    """Notebook 02 shows token pieces from the model's tokenizer.json (the tokenizers library, no transformers
+    import): every id reads as transformers' tokenizer decodes it, special tokens included."""
+    from replaylib.display import worked_examples
+    model = params.load(TINY).model
+    assert worked_examples._tokenizer_file(model) is not None
+    full = worked_examples.tokenizer(model)
+    ids = list(range(len(full)))
+    assert worked_examples.token_pieces(model)(ids) == [full.decode([i]) for i in ids]
+    pieces = subprocess.run([sys.executable, "-c", "import sys; from replaylib.display import worked_examples as w; "
+                             f"w.token_pieces({model!r})([1]); print('transformers' in sys.modules)"],
+                            cwd=REPO, capture_output=True, text=True, check=True)
+    assert pieces.stdout.strip() == "False"

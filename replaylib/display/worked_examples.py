@@ -44,10 +44,32 @@ def tokenizer(model: str):
 
 def token_pieces(model: str):
     """A function ids -> list of token texts, from the run's tokenizer; token ids as <id> when it is unavailable."""
+    light = _tokenizer_file(model)
+    if light is not None:
+        return lambda ids: [light.decode([int(i)], skip_special_tokens=False) for i in ids]
     tok = tokenizer(model)
     if tok is None:
         return lambda ids: [f"<{int(i)}>" for i in ids]
     return lambda ids: [tok.decode([int(i)]) for i in ids]
+
+
+def _tokenizer_file(model: str):
+    """The model directory's tokenizer.json read by the tokenizers library, which decodes a token as
+    transformers' fast tokenizer does where that one cleans up no spaces; None otherwise (transformers then,
+    whose import a notebook that shows token pieces and computes nothing need not pay)."""
+    try:
+        from tokenizers import Tokenizer
+
+        from ..measure.models import resolve_model
+        if not (model.startswith(("embedded:", "tiny")) or Path(model).is_dir()):
+            return None
+        path = Path(resolve_model(model))
+        config = json.loads((path / "tokenizer_config.json").read_text())
+        if config.get("clean_up_tokenization_spaces", False) is not False:
+            return None
+        return Tokenizer.from_file(str(path / "tokenizer.json"))
+    except Exception:  # transformers' tokenizer, or token ids
+        return None
 
 
 def _json(value):

@@ -38,13 +38,11 @@ def versions() -> dict:
 def device_info() -> dict:
     info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpus": os.cpu_count()}
-    try:
-        import torch
+    torch = sys.modules.get("torch")  # a stage that computed nothing with torch does not import it for this
+    if torch is not None:
         info["torch_threads"] = torch.get_num_threads()
         if torch.cuda.is_available():
             info["cuda_device"] = gpu_name(torch)
-    except ImportError:
-        pass
     return info
 
 
