@@ -550,6 +550,9 @@ def test_joining_a_ray_cluster_started_with_ray_start(tmp_path, tiny_model_dir):
         ex = RayExecutor(p)
         try:
             assert ex.call(engine_info)["engine"]["engine"] == "hf"
+            # a CPU actor's idle OpenMP threads sleep (it computes with more threads than Ray's one CPU)
+            assert ex.call(lambda engine: os.environ.get("OMP_WAIT_POLICY")) == os.environ.get("OMP_WAIT_POLICY",
+                                                                                                "PASSIVE")
         finally:
             ex.close()
             ray.shutdown()
