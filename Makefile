@@ -18,6 +18,7 @@ STAGE  ?=
 SET    ?=
 CAMPAIGN ?= tiny
 ARGS   ?=
+TEST_WORKERS ?= 2
 PIP_FLAGS ?=
 
 .PHONY: reproduce report paper campaign test browser stage setup model notebooks readme lab verify clean
@@ -39,8 +40,10 @@ campaign: setup
 	if grep -qs "^model: embedded" $$($(BIN)/python -m replaylib.campaign params/campaign-$(CAMPAIGN).yaml --list-params); then $(MAKE) model; fi
 	$(BIN)/python -m replaylib.campaign params/campaign-$(CAMPAIGN).yaml $(ARGS)
 
+# the tests run in TEST_WORKERS processes (pytest-xdist), each test file wholly in one (its module fixtures
+# built once); TEST_WORKERS=0 runs them in this one
 test: setup browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # the report site's browser test (tests/test_site.py) needs Chromium; installed here when run as root with
 # apt-get (CI), else the test skips and says why

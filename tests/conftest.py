@@ -4,6 +4,11 @@ from pathlib import Path
 
 import pytest
 
+# `make test` runs the tests in two processes, each starting kernels, engines and Ray actors with torch's
+# threads: idle OpenMP threads then sleep rather than spin on cores the other process computes on (the same
+# threads, so the same sums)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tools"))  # the repository tools the tests check (make_notebooks, readme_tables)
