@@ -5,6 +5,7 @@
 #                                        (SET holds KEY=VALUE assignments; a value may hold spaces)
 # make reproduce CONFIG=tiny             another params/<CONFIG>.yaml
 # make report CONFIG=embedded            the run's report site, site/<CONFIG>/index.html
+# make model MODEL=gemma-3-270m          an embedded model (qwen2.5-coder-0.5b-instruct, smollm2-135m-instruct)
 # make notebooks / make readme            parameters cells from the schema / the README's tables from their files
 # make campaign CAMPAIGN=paper           params/campaign-<CAMPAIGN>.yaml: its configurations, then its Table 1,
 #                                        Figures 1-3 and live-vs-published (ARGS="--executor ray" etc.)
@@ -17,6 +18,7 @@ CONFIG ?= embedded
 STAGE  ?=
 SET    ?=
 CAMPAIGN ?= tiny
+MODEL  ?= qwen2.5-coder-0.5b-instruct
 ARGS   ?=
 TEST_WORKERS ?= 2
 PIP_FLAGS ?=
@@ -35,9 +37,9 @@ report: setup
 paper: setup
 	$(BIN)/python -m replaylib.run params/paper.yaml
 
-# the embedded model is fetched only by campaigns that use it (tiny and hub models need no fetch)
+# an embedded model is fetched only by campaigns that use it (tiny and hub models need no fetch)
 campaign: setup
-	if grep -qs "^model: embedded" $$($(BIN)/python -m replaylib.campaign params/campaign-$(CAMPAIGN).yaml --list-params); then $(MAKE) model; fi
+	for f in $$($(BIN)/python -m replaylib.campaign params/campaign-$(CAMPAIGN).yaml --list-params); do $(BIN)/python -m replaylib.models fetch --if-used "$$f" || exit 1; done
 	$(BIN)/python -m replaylib.campaign params/campaign-$(CAMPAIGN).yaml $(ARGS)
 
 # the tests run in TEST_WORKERS processes (pytest-xdist), each test file wholly in one (its module fixtures
@@ -72,7 +74,7 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	touch $@
 
 model: setup
-	$(BIN)/python -m replaylib.models fetch
+	$(BIN)/python -m replaylib.models fetch $(MODEL)
 
 notebooks: setup
 	$(BIN)/python tools/make_notebooks.py

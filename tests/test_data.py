@@ -157,7 +157,7 @@ def test_missing_file(tmp_path):
 
 
 def test_unknown_task():
-    with pytest.raises(ValueError, match=r"unknown task 'svamp'; known tasks: gsm8k, math500"):
+    with pytest.raises(ValueError, match=r"unknown task 'svamp'; known tasks: arith, gsm8k, math500"):
         load_problems("svamp")
 
 
@@ -165,3 +165,27 @@ def test_repo_files_are_named_relative_to_the_repo(tmp_path):
     # a path inside the repository is shown as data/...; no file is written there
     message = error_of("gsm8k", REPO_ROOT / "data" / "gsm8k" / "missing.jsonl")
     assert message.startswith("data/gsm8k/missing.jsonl: ")
+
+
+def test_the_arith_task_is_its_generator_s_output_and_every_gold_is_right():
+    """data/arith/test.jsonl is replaylib.measure.arith's output (seed 0), every gold answer is the arithmetic
+    of its own steps, and the task loads and grades as GSM8K does."""
+    import json
+    import re
+
+    from replaylib.core.paths import DATA
+    from replaylib.measure import arith
+    from replaylib.measure.grading import grade
+    rows = [json.loads(line) for line in (DATA / "arith" / "test.jsonl").read_text().splitlines()]
+    assert rows == arith.generate()
+    assert arith.generate(seed=1) != rows
+    for row in rows:
+        *steps, gold = row["answer"].splitlines()
+        for step in steps:
+            left, right = step.split(" = ")
+            assert eval(left, {}) == int(right), step  # noqa: S307 - digits and + - * only, from the file above
+        assert gold == f"#### {int(steps[-1].split(' = ')[1])}" and re.fullmatch(r"#### \d+", gold)
+    problems = load_problems("arith")
+    assert len(problems) == 200 and problems[0].gold == rows[0]["answer"].rsplit("#### ", 1)[1]
+    assert grade(f"So the answer is \\boxed{{{problems[0].gold}}}.", problems[0].gold, "arith") == 1
+    assert grade("So the answer is \\boxed{-1}.", problems[0].gold, "arith") == 0

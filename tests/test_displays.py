@@ -117,3 +117,13 @@ def test_token_pieces_read_without_transformers_are_transformers_pieces(tiny_fin
                              f"w.token_pieces({model!r})([1]); print('transformers' in sys.modules)"],
                             cwd=REPO, capture_output=True, text=True, check=True)
     assert pieces.stdout.strip() == "False"
+
+
+def test_recording_where_a_stage_ran_imports_no_torch():
+    """A stage that computes nothing with torch (02, 04) does not import it to write its manifest's device
+    record; a process that has torch records its thread count."""
+    check = ("import sys; from replaylib.runtime.provenance import device_info; info = device_info(); "
+             "print('torch' in sys.modules, 'torch_threads' in info); import torch; "
+             "print('torch_threads' in device_info())")
+    out = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False", "True"]

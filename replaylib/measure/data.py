@@ -1,4 +1,5 @@
-"""Loading the vendored GSM8K and MATH-500 test sets (docs/protocol.md section 2)."""
+"""Loading the vendored GSM8K and MATH-500 test sets (docs/protocol.md section 2) and the generated arith
+task (replaylib.measure.arith: short word problems for models too small for GSM8K)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from ..core.paths import DATA, REPO
 TASKS = {
     "gsm8k": (DATA / "gsm8k" / "test.jsonl", "question", "answer"),
     "math500": (DATA / "math500" / "test.jsonl", "problem", "answer"),
+    "arith": (DATA / "arith" / "test.jsonl", "question", "answer"),
 }
 
 
@@ -74,7 +76,7 @@ def load_problems(task: str, path: Path | str | None = None) -> list[Problem]:
             if not isinstance(record[field], str):
                 raise ValueError(f"{where}: field {field!r} is not a string; make it one")
         gold = record[a_field].strip()
-        if task == "gsm8k":
+        if task in ("gsm8k", "arith"):
             gold = gsm8k_gold(record[a_field])
             if gold is None:
                 raise ValueError(

