@@ -29,6 +29,19 @@ def job_for(trunk, i, k=2, pivot_id=0):
                     (trunk.topk_ids[i + 1], trunk.topk_logprobs[i + 1]))
 
 
+def resume_at(engine, trunks, state, i):
+    """Every trunk's decode-time state up to generated index i, stacked into one cache, and the step that
+    feeds token i: (its logits, the cache after it, the prefix length)."""
+    rows = range(len(trunks))
+    length = len(trunks[0].prompt_ids) + i
+    layers = range(state[0][0].shape[0])
+    cache = engine._new_cache([torch.stack([state[r][0][layer, :, :length] for r in rows]) for layer in layers],
+                              [torch.stack([state[r][1][layer, :, :length] for r in rows]) for layer in layers])
+    feed = torch.tensor([[trunks[r].gen_ids[i]] for r in rows])
+    logits, cache = engine._forward(feed, torch.full((len(trunks), 1), length), cache, None)
+    return logits, cache, length
+
+
 SETTINGS = PassSettings(k=2, temperature=0.7, top_p=0.95, max_tokens=12, probe_tokens=8, stop_at_answer=False,
                         task="gsm8k")
 
@@ -62,15 +75,9 @@ def test_resume_at_the_same_batch_shape_reproduces_decode_logits_bit_for_bit(tin
     trunks, state = sample(tiny_engine)
     i = min(len(t.gen_ids) for t in trunks) - 2  # before any row left the batch
     assert i >= 2
-    rows = range(len(trunks))
-    length = len(trunks[0].prompt_ids) + i
-    cache = tiny_engine._new_cache(
-        [torch.stack([state[r][0][layer, :, :length] for r in rows]) for layer in range(state[0][0].shape[0])],
-        [torch.stack([state[r][1][layer, :, :length] for r in rows]) for layer in range(state[0][0].shape[0])])
-    feed = torch.tensor([[trunks[r].gen_ids[i]] for r in rows])
-    logits, _ = tiny_engine._forward(feed, torch.full((len(trunks), 1), length), cache, None)
+    logits, _, _ = resume_at(tiny_engine, trunks, state, i)
     values, ids = raw_topk(logits, 5)
-    for r in rows:
+    for r in range(len(trunks)):
         assert ids[r].tolist() == trunks[r].topk_ids[i + 1]
         assert values[r].tolist() == trunks[r].topk_logprobs[i + 1]  # exact float equality
 
@@ -81,18 +88,11 @@ def test_resumed_trunks_regenerate_themselves(tiny_engine):
     from replaylib.measure.engine_hf import _Rows
     trunks, state = sample(tiny_engine)
     i = 3
-    rows = range(len(trunks))
-    length = len(trunks[0].prompt_ids) + i
-    n_layers = state[0][0].shape[0]
-    cache = tiny_engine._new_cache(
-        [torch.stack([state[r][0][layer, :, :length] for r in rows]) for layer in range(n_layers)],
-        [torch.stack([state[r][1][layer, :, :length] for r in rows]) for layer in range(n_layers)])
-    feed = torch.tensor([[trunks[r].gen_ids[i]] for r in rows])
-    logits, cache = tiny_engine._forward(feed, torch.full((len(trunks), 1), length), cache, None)
+    logits, cache, length = resume_at(tiny_engine, trunks, state, i)
     spec = _Rows(seeds=[t.seed for t in trunks], temperature=[0.7] * 3, top_p=[0.95] * 3,
                  max_new=[len(t.gen_ids) - i - 1 for t in trunks])
     tokens, *_ = tiny_engine._decode(logits, cache, None, [length + 1] * 3, spec)
-    for r in rows:
+    for r in range(len(trunks)):
         assert tokens[r] == trunks[r].gen_ids[i + 1:]
 
 

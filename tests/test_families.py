@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from test_engine_hf import QUESTION, SETTINGS, job_for, sample
+from test_engine_hf import QUESTION, SETTINGS, job_for, resume_at, sample
 from transformers import DynamicCache
 
 from replaylib.measure import models
@@ -49,11 +49,7 @@ def test_resume_reproduces_decode_logits_bit_for_bit_past_the_window(family_engi
     # the decode-time state keeps every position in every layer, the sliding-window layer's too
     assert all(state[r][0].shape[2] == len(trunks[r].prompt_ids) + len(trunks[r].gen_ids) - 1 for r in state)
     rows = range(len(trunks))
-    layers = range(state[0][0].shape[0])
-    cache = family_engine._new_cache([torch.stack([state[r][0][layer, :, :length] for r in rows]) for layer in layers],
-                                     [torch.stack([state[r][1][layer, :, :length] for r in rows]) for layer in layers])
-    feed = torch.tensor([[trunks[r].gen_ids[i]] for r in rows])
-    logits, cache = family_engine._forward(feed, torch.full((len(trunks), 1), length), cache, None)
+    logits, cache, _ = resume_at(family_engine, trunks, state, i)
     values, ids = raw_topk(logits, 5)
     for r in rows:
         assert ids[r].tolist() == trunks[r].topk_ids[i + 1]
