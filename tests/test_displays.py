@@ -109,7 +109,7 @@ def test_token_pieces_read_without_transformers_are_transformers_pieces(tiny_fin
     import): every id reads as transformers' tokenizer decodes it, special tokens included."""
     from replaylib.display import worked_examples
     model = params.load(TINY).model
-    assert worked_examples._tokenizer_file(model) is not None
+    assert worked_examples._tokenizer_file(worked_examples._local_model_dir(model)) is not None
     full = worked_examples.tokenizer(model)
     ids = list(range(len(full)))
     assert worked_examples.token_pieces(model)(ids) == [full.decode([i]) for i in ids]

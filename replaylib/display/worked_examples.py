@@ -24,46 +24,50 @@ TABLE1_SHORT = ["configuration", "n (common)", "refeed (polarity)", "floor (pola
 
 
 # ---------------------------------------------------------------- tokens as text
-def tokenizer(model: str):
-    """The run's tokenizer from files on this machine (the embedded or tiny model, a local directory),
-    or None: a hub id in a run's parameters (perhaps a run received from someone else) is never
-    fetched, and the page shows token ids instead."""
+def _local_model_dir(model: str) -> Path | None:
+    """The run's model directory on this machine (the embedded or tiny model, a local directory), or None: a
+    hub id in a run's parameters (perhaps a run received from someone else) is never fetched."""
     try:
-        from transformers import AutoTokenizer
-
         from ..measure.models import resolve_model
         if not (model.startswith(("embedded:", "tiny")) or Path(model).is_dir()):
             return None
-        path = resolve_model(model)
-        if not Path(path).is_dir():
-            return None
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+        path = Path(resolve_model(model))
+        return path if path.is_dir() else None
+    except Exception:  # the page shows token ids instead
+        return None
+
+
+def tokenizer(model: str, path: Path | None = None):
+    """The run's tokenizer from files on this machine (``_local_model_dir``, or ``path`` already found), or
+    None: the page shows token ids instead."""
+    path = path or _local_model_dir(model)
+    if path is None:
+        return None
+    try:
+        from transformers import AutoTokenizer
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception:  # the page shows token ids instead
         return None
 
 
 def token_pieces(model: str):
     """A function ids -> list of token texts, from the run's tokenizer; token ids as <id> when it is unavailable."""
-    light = _tokenizer_file(model)
+    path = _local_model_dir(model)
+    light = _tokenizer_file(path) if path is not None else None
     if light is not None:
         return lambda ids: [light.decode([int(i)], skip_special_tokens=False) for i in ids]
-    tok = tokenizer(model)
+    tok = tokenizer(model, path) if path is not None else None
     if tok is None:
         return lambda ids: [f"<{int(i)}>" for i in ids]
     return lambda ids: [tok.decode([int(i)]) for i in ids]
 
 
-def _tokenizer_file(model: str):
+def _tokenizer_file(path: Path):
     """The model directory's tokenizer.json read by the tokenizers library, which decodes a token as
     transformers' fast tokenizer does where that one cleans up no spaces; None otherwise (transformers then,
     whose import a notebook that shows token pieces and computes nothing need not pay)."""
     try:
         from tokenizers import Tokenizer
-
-        from ..measure.models import resolve_model
-        if not (model.startswith(("embedded:", "tiny")) or Path(model).is_dir()):
-            return None
-        path = Path(resolve_model(model))
         config = json.loads((path / "tokenizer_config.json").read_text())
         if config.get("clean_up_tokenization_spaces", False) is not False:
             return None

@@ -253,8 +253,8 @@ def _hf_parameter_names(arch: str, blocks: int) -> list[str]:
 
 def convert_gguf_reference(gguf_path: Path, out_dir: Path) -> None:
     """A GGUF as a plain bf16 Hugging Face model + tokenizer in out_dir: the configuration and tokenizer as
-    transformers reads them from the GGUF, every weight from ``reference_tensors`` rounded to bf16 (each
-    parameter filled exactly once; a tied head is the embedding)."""
+    transformers reads them from the GGUF, every weight from ``reference_tensors`` rounded to bf16 (every
+    parameter filled; a tied head is the embedding)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
