@@ -185,6 +185,8 @@ def test_command_line_overrides_and_paths_from_the_repository(tmp_path):
                                                    "params/tiny-primary.yaml"], "published": "main pooled"}]},
      re.escape("'rows[0]' lists params/tiny-primary.yaml (config 'tiny-primary') more than once; list each params "
                "file once")),
+    ({"invariant": [{"label": "inv", "params": ["params/tiny-primary.yaml", "params/tiny-k4.yaml"],
+                     "published": "batch-invariant"}]}, "each 'invariant' row must name one params file"),
     ({"figure3": ["params/tiny-k4.yaml", "params/tiny-k4.yaml"]},
      re.escape("'figure3' lists params/tiny-k4.yaml (config 'tiny-k4') more than once")),
 ])
@@ -261,7 +263,7 @@ def test_published_records_as_live_rows_reproduce_the_claims():
     labels = list(records.PAPER_ROWS)
     rows = {label: records.load_paper_row(label, live_vs_published.PAPER_RECORDS) for label in labels}
     c = campaigns.Campaign(name="published", path=TINY, note="", rows=[campaigns.Row(l, [], l) for l in labels[:-1]],
-                          invariant=campaigns.Row(labels[-1], [], labels[-1]), figure1=labels[0], figure3=[],
+                          invariants=[campaigns.Row(labels[-1], [], labels[-1])], figure1=labels[0], figure3=[],
                           configs={}, sources={}, bootstrap_draws=40, concurrent_configs=0)
     claims = live_vs_published.verdicts(c, rows)
     assert [x["verdict"] for x in claims] == ["holds"] * len(CLAIMS), claims
@@ -276,6 +278,39 @@ def test_published_records_as_live_rows_reproduce_the_claims():
     assert "K=8" in live_vs_published.verdicts(c, broken)[0]["detail"]
 
 
+def test_claims_are_judged_per_model_where_each_model_has_a_batch_invariant_row():
+    """A campaign of two models, each with its batch-invariant row: each model gets its own verdicts (a model
+    whose re-feed reproduces exact1 everywhere does not hold the claim, whatever the other model's rows say)."""
+    from replaylib.analysis import records
+    main = records.load_paper_row("main pooled", live_vs_published.PAPER_RECORDS)
+    inv = records.load_paper_row("batch-invariant", live_vs_published.PAPER_RECORDS)
+    vllm = {"engine": "vllm", "device": "cuda", "stop_at_answer": False}
+    configs = {"a": params.make({**vllm, "config": "a", "model": "embedded:qwen2.5-coder-0.5b-instruct"}),
+               "b": params.make({**vllm, "config": "b", "model": "embedded:gemma-3-270m"})}
+    c = campaigns.Campaign(name="models", path=TINY, note="", rows=[campaigns.Row("qwen", ["a"], "main pooled"),
+                                                                   campaigns.Row("gemma", ["b"], "main pooled")],
+                          invariants=[campaigns.Row("qwen inv", ["a"], "batch-invariant"),
+                                      campaigns.Row("gemma inv", ["b"], "batch-invariant")],
+                          figure1="qwen", figure3=[], configs=configs, sources={}, bootstrap_draws=10,
+                          concurrent_configs=0)
+    rows = {"qwen": main, "gemma": main.assign(A_refeed=main.A_exact1), "qwen inv": inv, "gemma inv": inv}
+    first = {x["mode"]: x["verdict"] for x in live_vs_published.verdicts(c, rows)
+             if x["claim"].startswith("re-feed disagrees")}
+    assert first == {"embedded:qwen2.5-coder-0.5b-instruct, vLLM multiprocess": "holds",
+                     "embedded:gemma-3-270m, vLLM multiprocess": "does not hold"}
+    one = campaigns.Campaign(**{**c.__dict__, "invariants": c.invariants[:1]})  # one batch-invariant row: by mode
+    assert {x["mode"] for x in live_vs_published.verdicts(one, rows)} == {"vLLM multiprocess"}
+
+
+def test_a_campaign_file_may_give_a_batch_invariant_row_per_model():
+    c = campaigns.load(REPO / "params" / "campaign-gpu-families.yaml")
+    chosen = c.invariant_configs()
+    assert len(chosen) == 3 and len({c.configs[n].model for n in chosen.values()}) == 3
+    assert {n for n in c.configs if "05_batch_invariant" in c.stages_needed(n)} == set(chosen.values())
+    assert {f"{n}/05_batch_invariant" for n in chosen.values()} <= set(CampaignStage(c).upstreams())
+    assert len({live_vs_published.row_mode(c, r) for r in c.rows + c.invariants}) == 6  # 3 models x 2 modes
+
+
 def test_claims_are_judged_per_serving_mode():
     """Rows in two serving modes: each mode gets its own verdicts (an in-process row whose replica
     reproduces exact1 exactly cannot make the multi-process floor claim fail)."""
@@ -288,7 +323,7 @@ def test_claims_are_judged_per_serving_mode():
                "ip": params.make({**vllm, "config": "ip", "vllm_serving": "inprocess"})}
     c = campaigns.Campaign(name="modes", path=TINY, note="", rows=[campaigns.Row("a (mp)", ["mp"], "main pooled"),
                                                                   campaigns.Row("a (ip)", ["ip"], "main pooled")],
-                          invariant=campaigns.Row("inv", ["mp"], "batch-invariant"), figure1="a (mp)", figure3=[],
+                          invariants=[campaigns.Row("inv", ["mp"], "batch-invariant")], figure1="a (mp)", figure3=[],
                           configs=configs, sources={}, bootstrap_draws=10, concurrent_configs=0)
     rows = {"a (mp)": main, "a (ip)": exact, "inv": records.load_paper_row("batch-invariant", live_vs_published.PAPER_RECORDS)}
     claims = live_vs_published.verdicts(c, rows)

@@ -176,6 +176,45 @@ def test_exact_pass_builds_one_call_of_token_id_requests_and_maps_outputs_back(r
            [(o.continuations, o.probe_ids, o.probe_first_logprob) for o in outs]
 
 
+class BaseModelTokenizer(FakeTokenizer):
+    """A base model's tokenizer: no chat template (plain prompts), and token BLANK is a blank line."""
+    chat_template = None
+    BLANK = 7
+
+    def __call__(self, text):
+        return {"input_ids": [4 + ord(c) % 30 for c in text[-40:]]}
+
+    def __len__(self):
+        return VOCAB
+
+    def batch_decode(self, sequences, skip_special_tokens=False):
+        return ["\n\n" if ids == [self.BLANK] else "x" for ids in sequences]
+
+
+def test_a_base_model_s_requests_stop_at_a_blank_line_and_forced_ones_do_not():
+    fake = FakeLLM()
+    fake.get_tokenizer = BaseModelTokenizer
+    engine, _ = make(fake)
+    blank = BaseModelTokenizer.BLANK
+    assert engine.stop_ids == {EOS, STOP2, blank} and blank in engine.special_ids
+    trunks, _, _, _ = sample(engine, n=4)
+    assert all(sp.stop_token_ids == [blank] for _, sps in fake.calls for sp in sps)
+    ends = [t for ts in trunks.values() for t in ts if t.gen_ids[-1] == blank]
+    assert ends and all(t.finish_reason == "eos" for t in ends)
+    assert all(blank not in t.gen_ids[:-1] for ts in trunks.values() for t in ts)
+    state, _ = engine.problem_state(None, 0, table(trunks))
+    engine.run_pass(jobs_for(trunks, 0, SETTINGS.k, positions=(1, 2)), "exact1", SETTINGS, state)
+    assert all(sp.stop_token_ids == [blank] for _, sps in fake.calls for sp in sps)  # continuations and probes
+    # a forced response (the credit tool's) runs to its end through a blank line, as through EOS
+    forcing = FakeLLM(forcing=True)
+    forcing.get_tokenizer = BaseModelTokenizer
+    engine = VLLMEngine(forcing, FakeSP, serving="inprocess", config="test", forcing=True)
+    response = [5, 6, blank, 8, 9]
+    forced, _ = engine.force_trunks([4, 5, 6], [response], 3)
+    assert forced[0].gen_ids == response
+    assert all(sp.ignore_eos and sp.stop_token_ids is None for _, sps in forcing.calls for sp in sps)
+
+
 def test_greedy_continuations_have_no_seed(replay_setup):
     engine, fake, trunks, _, state, _ = replay_setup
     greedy = PassSettings(k=1, temperature=0.0, top_p=0.95, max_tokens=6, probe_tokens=3, stop_at_answer=False,

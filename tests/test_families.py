@@ -4,6 +4,7 @@ sliding-window layers resumed past their window; the embedded models' conversion
 against the gguf library's reference dequantizer; a base model's plain few-shot prompt."""
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,13 +12,15 @@ from test_engine_hf import QUESTION, SETTINGS, job_for, resume_at, sample
 from transformers import DynamicCache
 
 from replaylib.measure import models
-from replaylib.measure.engine import chat_prompt_ids, plain_prompt
+from replaylib.measure.arith import generate as arith_problems
+from replaylib.measure.engine import chat_prompt_ids, few_shot_examples, plain_prompt
 from replaylib.measure.engine_hf import HFEngine, _Rows
 from replaylib.measure.hf_sampling import raw_topk
 from replaylib.measure.models import TINY_SLIDING_WINDOW, build_tiny_model
 from replaylib.runtime.params import BOXED_INSTRUCTION
 
 FAMILIES = ["llama", "gemma3"]
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -112,18 +115,72 @@ def test_a_sliding_window_layer_attends_to_its_window_from_a_whole_cache(gemma_f
 
 
 def test_a_base_model_without_a_chat_template_gets_a_few_shot_plain_prompt(family_engine):
+    """The tiny Gemma 3 has a base model's tokenizer (no chat template), the tiny Llama a chat model's."""
     tok = family_engine.tok
-    assert chat_prompt_ids(tok, QUESTION, BOXED_INSTRUCTION) != tok(plain_prompt(QUESTION, BOXED_INSTRUCTION))[
-        "input_ids"]  # the tiny tokenizer has a chat template
-    template, tok.chat_template = tok.chat_template, None
-    try:
-        ids = chat_prompt_ids(tok, QUESTION, BOXED_INSTRUCTION)
-    finally:
-        tok.chat_template = template
+    ids = chat_prompt_ids(tok, QUESTION, BOXED_INSTRUCTION)
+    if family_engine.model.config.model_type == "llama":
+        assert tok.chat_template and ids != tok(plain_prompt(QUESTION, BOXED_INSTRUCTION))["input_ids"]
+        return
+    assert not tok.chat_template
     text = tok.decode(ids)
     assert text == plain_prompt(QUESTION, BOXED_INSTRUCTION)
     assert text.count("Question: ") == 4 and text.endswith(f"Question: {QUESTION}{BOXED_INSTRUCTION}\nSolution:")
     assert "<<" not in text and "####" not in text and text.count("The final answer is \\boxed{") == 3
+    # the arith task's own worked examples (generated from their seed), not GSM8K's
+    arith = tok.decode(chat_prompt_ids(tok, QUESTION, BOXED_INSTRUCTION, task="arith"))
+    shots = few_shot_examples("arith")
+    assert [row["question"] for row in shots] == [row["question"] for row in arith_problems(seed=1, n=3)]
+    assert all(f"Question: {row['question']}" in arith for row in shots) and "Natalia" not in arith
+    assert "Natalia" in text  # GSM8K's first training problem
+
+
+def _blank_line_ids(tok) -> set:
+    return {i for i in range(len(tok)) if "\n\n" in tok.decode([i], skip_special_tokens=False)}
+
+
+def test_a_base_model_s_answer_ends_at_a_blank_line(family_engine):
+    """A plain prompt's examples end at a blank line, so the base model's answer does: the blank-line tokens
+    stop it as EOS does (and are never a pivot); a chat model's turn ends at its EOS alone."""
+    blank = _blank_line_ids(family_engine.tok)
+    if family_engine.model.config.model_type == "llama":
+        assert not blank & family_engine.stop_ids
+        return
+    assert blank and blank <= family_engine.stop_ids <= family_engine.special_ids
+    hook = family_engine.model.lm_head.register_forward_hook(
+        lambda module, args, out: out.index_fill(-1, torch.tensor(sorted(blank)), 100.0))
+    try:
+        trunks, _ = sample(family_engine)
+    finally:
+        hook.remove()
+    assert [(t.gen_ids, t.finish_reason) for t in trunks] == [([min(blank)], "eos")] * 3
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_short_run_of_each_family_through_every_stage(family, tmp_path):
+    """params/tiny-<family>.yaml through the runner: every stage finishes, every pivot resumed its verified
+    decode-time state, the replica is exact and the batch-invariant passes identical; the Gemma 3's pivots
+    lie past its sliding-window layer's window, after a plain prompt."""
+    import pandas as pd
+
+    from replaylib.analysis.records import load_records
+    from replaylib.run import main
+    from replaylib.runtime.params import STAGES
+    assert main([str(REPO / "params" / f"tiny-{family}.yaml"), "--out", str(tmp_path)]) == 0
+    run = tmp_path / "runs" / f"tiny-{family}"
+    assert all((run / stage / "manifest.json").is_file() for stage in STAGES)
+    recs = load_records(run / "03_three_pass_replay" / "records.parquet")
+    assert len(recs) > 0 and recs.exact_ok.all() and (recs.A_exact1 == recs.A_exact2).all()
+    assert json.loads((run / "05_batch_invariant" / "invariant.json").read_text())["all_identical"] is True
+    trunks = pd.read_parquet(run / "01_sampling" / "trunks.parquet")
+    prompt = models_tokenizer(family).decode(list(trunks.prompt_ids.iloc[0]))
+    assert prompt.startswith("Question: ") == (family == "gemma3")
+    if family == "gemma3":
+        assert (recs.gen_index + len(trunks.prompt_ids.iloc[0]) > TINY_SLIDING_WINDOW).all()
+
+
+def models_tokenizer(family):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(models.resolve_model(f"tiny-{family}:0"))
 
 
 def test_the_embedded_families_are_pinned():

@@ -17,10 +17,11 @@ class FakeSP:
     """Stands in for vllm.SamplingParams: keeps what it was given."""
 
     def __init__(self, temperature=1.0, top_p=1.0, max_tokens=16, logprobs=None, seed=None, detokenize=True,
-                 ignore_eos=False, extra_args=None):
+                 ignore_eos=False, extra_args=None, stop_token_ids=None):
         self.temperature, self.top_p, self.max_tokens = temperature, top_p, max_tokens
         self.logprobs, self.seed, self.detokenize = logprobs, seed, detokenize
         self.ignore_eos, self.extra_args = ignore_eos, extra_args
+        self.stop_token_ids = stop_token_ids
 
 
 class Logprob(SimpleNamespace):
@@ -66,6 +67,9 @@ def complete(ids, sp, forced=None, noise=0, exact=None):
         if exact is not None and len(tokens) == len(exact):
             break
         if t in (EOS, STOP2) and not sp.ignore_eos:
+            finish = "stop"
+            break
+        if t in (sp.stop_token_ids or ()):  # as vLLM: a request's stop tokens end it whatever ignore_eos says
             finish = "stop"
             break
     return tokens, (logprobs if sp.logprobs else None), finish

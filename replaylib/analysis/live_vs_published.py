@@ -31,11 +31,12 @@ def live_frame(df: pd.DataFrame, p) -> pd.DataFrame:
     return df
 
 
-def live_rows(c, replay, invariant: pd.DataFrame) -> dict:
+def live_rows(c, replay, invariant: dict) -> dict:
     """{label: records}: every row's configurations' replay records (``replay(config)``) pooled as listed
-    (deduplicated), then the batch-invariant row."""
+    (deduplicated), then the batch-invariant rows (``invariant``: label -> records)."""
     rows = {r.label: rec.pool([live_frame(replay(n), c.configs[n]) for n in r.configs]) for r in c.rows}
-    rows[c.invariant.label] = live_frame(invariant, c.configs[c.invariant.configs[0]])
+    for r in c.invariants:
+        rows[r.label] = live_frame(invariant[r.label], c.configs[r.configs[0]])
     return rows
 
 
@@ -54,7 +55,7 @@ def comparison_table(c, rows: dict, n_boot: int) -> pd.DataFrame:
     """Every Table 1 quantity of every row: published (from data/paper-records), live, its 95%
     problem-bootstrap interval, and whether the published value lies inside."""
     out = []
-    for row in c.rows + [c.invariant]:
+    for row in c.rows + c.invariants:
         published = quantities(rec.load_paper_row(row.published, PAPER_RECORDS))
         live = quantities(rows[row.label])
         ci = stats_extras.table1_intervals(rows[row.label], n_boot)
@@ -68,28 +69,34 @@ def comparison_table(c, rows: dict, n_boot: int) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def engine_mode(p) -> str:
+def engine_mode(p, model: bool = False) -> str:
     """How a configuration's engine runs, in words: the paper's claims are judged per mode."""
     if p.engine != "vllm":
-        return f"transformers, {p.device}"
-    return f"vLLM {p.vllm_serving}" + (", synchronized passes" if p.pass_submission == "synchronized" else "")
+        mode = f"transformers, {p.device}"
+    else:
+        mode = f"vLLM {p.vllm_serving}" + (", synchronized passes" if p.pass_submission == "synchronized" else "")
+    return f"{p.model}, {mode}" if model else mode
 
 
 def row_mode(c, row) -> str:
-    modes = {engine_mode(c.configs[n]) for n in row.configs if n in c.configs}
+    """A row's engine mode; with the model first where the campaign has a batch-invariant row for each of several
+    models (a comparison of models: the claims are judged model by model too)."""
+    several = len({c.configs[n].model for r in c.invariants for n in r.configs if n in c.configs}) > 1
+    modes = {engine_mode(c.configs[n], several) for n in row.configs if n in c.configs}
     return modes.pop() if len(modes) == 1 else ("mixed" if modes else "")
 
 
 def verdicts(c, rows: dict) -> list[dict]:
     """One line per claim of the paper and engine mode, from the live rows (replaylib.analysis.claims: holds,
     does not hold, underpowered or not measured): a campaign with rows in several serving modes
-    (multi-process vLLM, in-process vLLM) is judged mode by mode."""
+    (multi-process vLLM, in-process vLLM) is judged mode by mode, and one with a batch-invariant row for each of
+    several models model by model too."""
     from . import claims
     out = []
-    for mode in dict.fromkeys(row_mode(c, r) for r in c.rows + [c.invariant]):
+    for mode in dict.fromkeys(row_mode(c, r) for r in c.rows + c.invariants):
         stock = {r.label: stats.exclude_not_exact(rows[r.label])[0] for r in c.rows if row_mode(c, r) == mode}
-        invariant = ({c.invariant.label: stats.exclude_not_exact(rows[c.invariant.label])[0]}
-                     if row_mode(c, c.invariant) == mode else {})
+        invariant = {r.label: stats.exclude_not_exact(rows[r.label])[0] for r in c.invariants
+                     if row_mode(c, r) == mode}
         out += [{**x, "mode": mode} for x in claims.judge(stock, invariant)]
     return out
 
@@ -134,15 +141,15 @@ def plan(params, inputs, done: dict) -> list[Unit]:
     return [Unit("campaign", f"campaign {c.name}", (c, inputs["replay"], inputs["invariant"]))]
 
 
-def campaign_unit(engine, params, c, replay_files: dict, invariant_file) -> dict:
+def campaign_unit(engine, params, c, replay_files: dict, invariant_files: dict) -> dict:
     """Table 1, Figures 1-3, the comparison with the published rows and the claims' verdicts, in memory;
-    replay_files: each configuration's replay records file; invariant_file: the batch-invariant row's."""
+    replay_files: each configuration's replay records file; invariant_files: each batch-invariant row's."""
     from . import tables
 
     def replay(name: str):  # a frame of its own for each use: the rows' pools and Figure 3's
         return rec.load_records(replay_files[name])
 
-    rows = live_rows(c, replay, rec.load_records(invariant_file))
+    rows = live_rows(c, replay, {label: rec.load_records(f) for label, f in invariant_files.items()})
     made = {"tab1_main": tables.table1(rows), "figures": figures(c, rows, replay)}
     made["comparison"] = comparison_table(c, rows, c.bootstrap_draws)
     made["claims"] = verdicts(c, rows)

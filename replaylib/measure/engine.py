@@ -95,37 +95,63 @@ class EngineUnavailable(RuntimeError):
     pass
 
 
-def chat_prompt_ids(tok, question: str, instruction: str) -> list[int]:
+def uses_plain_prompt(tok) -> bool:
+    """A base model: its tokenizer has no chat template (Gemma 3 270M), so its prompts are ``plain_prompt``."""
+    return hasattr(tok, "chat_template") and not tok.chat_template
+
+
+def chat_prompt_ids(tok, question: str, instruction: str, task: str = "gsm8k") -> list[int]:
     """The prompt of a problem as token ids: the model's chat template with one user turn (the question,
     then the instruction) and the generation prompt (docs/protocol.md section 2); a base model without a chat
-    template (Gemma 3 270M) gets the few-shot plain prompt of ``plain_prompt``."""
-    if hasattr(tok, "chat_template") and not tok.chat_template:
-        return [int(i) for i in tok(plain_prompt(question, instruction))["input_ids"]]
+    template (Gemma 3 270M) gets the few-shot plain prompt of ``plain_prompt`` with the task's worked examples."""
+    if uses_plain_prompt(tok):
+        return [int(i) for i in tok(plain_prompt(question, instruction, task))["input_ids"]]
     ids = tok.apply_chat_template([{"role": "user", "content": question + instruction}],
                                   add_generation_prompt=True, tokenize=True)
     return [int(i) for i in (ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)]
 
 
-FEW_SHOT = 3  # worked examples in a plain prompt: the first GSM8K training problems
+FEW_SHOT = 3  # worked examples in a plain prompt
+ARITH_SHOT_SEED = 1  # the arith task's worked examples: generated from this seed (its test problems from 0)
 
 
-def plain_prompt(question: str, instruction: str) -> str:
-    """A base model's prompt: FEW_SHOT worked GSM8K training problems ("Question: ...", "Solution: ..."), their
-    solutions without the dataset's calculator notes and ending as the instruction asks (within \\boxed{}, or a
-    last line "Answer: N"), then the problem with the instruction and "Solution:" for the model to go on from."""
+def few_shot_examples(task: str) -> list[dict]:
+    """A plain prompt's worked examples (question, answer in GSM8K's format): the arith task's own, generated
+    from ARITH_SHOT_SEED; for every other task the first GSM8K training problems."""
     import json
-    import re
 
     from ..core.paths import DATA
-    shots = []
+    if task == "arith":
+        from .arith import generate
+        return generate(seed=ARITH_SHOT_SEED, n=FEW_SHOT)
     with open(DATA / "gsm8k" / "train.jsonl", encoding="utf-8") as f:
-        for line, _ in zip(f, range(FEW_SHOT)):
-            row = json.loads(line)
-            steps, _, answer = row["answer"].rpartition("####")
-            steps, answer = re.sub(r"<<[^>]*>>", "", steps).strip(), answer.strip()
-            end = f"The final answer is \\boxed{{{answer}}}." if "\\boxed" in instruction else f"Answer: {answer}"
-            shots.append(f"Question: {row['question']}{instruction}\nSolution: {steps}\n{end}\n\n")
+        return [json.loads(line) for line, _ in zip(f, range(FEW_SHOT))]
+
+
+def plain_prompt(question: str, instruction: str, task: str = "gsm8k") -> str:
+    """A base model's prompt: FEW_SHOT worked examples ("Question: ...", "Solution: ..."), their solutions
+    without GSM8K's calculator notes and ending as the instruction asks (within \\boxed{}, or a last line
+    "Answer: N"), each followed by a blank line, then the problem with the instruction and "Solution:" for the
+    model to go on from. The model's answer ends at a blank line, as the examples' do (``answer_stop_ids``)."""
+    import re
+    shots = []
+    for row in few_shot_examples(task):
+        steps, _, answer = row["answer"].rpartition("####")
+        steps, answer = re.sub(r"<<[^>]*>>", "", steps).strip(), answer.strip()
+        end = f"The final answer is \\boxed{{{answer}}}." if "\\boxed" in instruction else f"Answer: {answer}"
+        shots.append(f"Question: {row['question']}{instruction}\nSolution: {steps}\n{end}\n\n")
     return "".join(shots) + f"Question: {question}{instruction}\nSolution:"
+
+
+def answer_stop_ids(tok) -> set[int]:
+    """Where a base model's answer ends: the tokens whose text holds a blank line, the separator of its plain
+    prompt's examples (as few-shot evaluations stop a base model's answer); without them it writes the next
+    "Question:" and answers that too. Empty for a model with a chat template (its turn ends at its EOS)."""
+    if not uses_plain_prompt(tok):
+        return set()
+    n = len(tok)
+    texts = tok.batch_decode([[i] for i in range(n)], skip_special_tokens=False)
+    return {i for i, text in enumerate(texts) if "\n\n" in text}
 
 
 class Engine(Protocol):
@@ -145,7 +171,7 @@ class Engine(Protocol):
     def describe(self) -> dict:
         """What the manifests record about the engine (kind, model, device, dtype, mode, versions)."""
 
-    def prompt_ids(self, question: str, instruction: str) -> list[int]:
+    def prompt_ids(self, question: str, instruction: str, task: str = "gsm8k") -> list[int]:
         """``chat_prompt_ids`` with the engine's tokenizer."""
 
     def decode(self, ids: list[int]) -> str:

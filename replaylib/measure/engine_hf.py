@@ -29,6 +29,7 @@ from .engine import (
     PivotOutput,
     ResumeReport,
     Trunk,
+    answer_stop_ids,
     chat_prompt_ids,
 )
 from .grading import answer_complete
@@ -97,7 +98,7 @@ class HFEngine(PrefixStates):
     def _token_ids(self) -> None:
         eos = self.model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
-        self.stop_ids = {i for i in [*eos, self.tok.eos_token_id] if i is not None}
+        self.stop_ids = {i for i in [*eos, self.tok.eos_token_id] if i is not None} | answer_stop_ids(self.tok)
         self.special_ids = set(self.tok.all_special_ids) | self.stop_ids
         self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else min(self.stop_ids)
 
@@ -144,8 +145,8 @@ class HFEngine(PrefixStates):
         return sdpa_kernel([getattr(SDPBackend, name) for name in CUDA_ATTENTION_KERNELS])
 
     # ---------------------------------------------------------------- text
-    def prompt_ids(self, question: str, instruction: str) -> list[int]:
-        return chat_prompt_ids(self.tok, question, instruction)
+    def prompt_ids(self, question: str, instruction: str, task: str = "gsm8k") -> list[int]:
+        return chat_prompt_ids(self.tok, question, instruction, task)
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)

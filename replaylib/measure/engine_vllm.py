@@ -89,6 +89,7 @@ from .engine import (
     PivotOutput,
     ResumeReport,
     Trunk,
+    answer_stop_ids,
     chat_prompt_ids,
 )
 from .seeds import trunk_seed
@@ -140,7 +141,10 @@ class VLLMEngine:
         except AttributeError:
             gen_eos = None
         eos += gen_eos if isinstance(gen_eos, list) else [gen_eos]
-        self.stop_ids = {int(i) for i in eos if i is not None}
+        # a base model's answer also ends at a blank line: vLLM is told those tokens with every request that may
+        # stop (stop_token_ids), never with a forced one (ignore_eos)
+        self.answer_stops = sorted(answer_stop_ids(self.tok)) or None
+        self.stop_ids = {int(i) for i in eos if i is not None} | set(self.answer_stops or ())
         self.special_ids = {int(i) for i in getattr(self.tok, "all_special_ids", [])} | self.stop_ids
         self.trunk_settings = trunk_settings  # temperature, top_p, max_new_tokens, top_logprobs
         self.epoch = 0  # prefix-cache resets so far
@@ -252,8 +256,8 @@ class VLLMEngine:
                 "vllm": self.version, **({"forced_decoding": FORCING_PROCESSOR} if self.forcing else {})}
 
     # ---------------------------------------------------------------- text
-    def prompt_ids(self, question: str, instruction: str) -> list[int]:
-        return chat_prompt_ids(self.tok, question, instruction)
+    def prompt_ids(self, question: str, instruction: str, task: str = "gsm8k") -> list[int]:
+        return chat_prompt_ids(self.tok, question, instruction, task)
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=True)
@@ -308,7 +312,8 @@ class VLLMEngine:
         """Sample one problem's trunks (rollout, seed) on a freshly reset prefix cache, submitted
         synchronized (the regeneration must be able to repeat them)."""
         params = [self.SamplingParams(temperature=s["temperature"], top_p=s["top_p"], max_tokens=s["max_new_tokens"],
-                                      logprobs=s["top_logprobs"], seed=seed, detokenize=False) for _, seed in seeds]
+                                      logprobs=s["top_logprobs"], seed=seed, detokenize=False,
+                                      stop_token_ids=self.answer_stops) for _, seed in seeds]
         return self._trunk_call(pid, prompt, seeds, params, s["top_logprobs"], f"trunks of problem {pid}")
 
     def _trunk_call(self, pid: int, prompt: list[int], seeds: list[tuple[int, int]], params: list, top_logprobs: int,
@@ -485,7 +490,7 @@ class VLLMEngine:
         """The sampling parameters of one request of a pivot's layout (PivotJob.requests)."""
         if kind == "probe":  # greedy, fixed length, first-token logprob: the grading-free channel
             return self.SamplingParams(temperature=0.0, max_tokens=settings.probe_tokens, logprobs=1,
-                                       detokenize=False)
+                                       detokenize=False, stop_token_ids=self.answer_stops)
         return self._sampling(settings, job.seeds[arm][kind])
 
     def resident_state(self, problem_id: int, trunks, produced=None):
@@ -498,8 +503,10 @@ class VLLMEngine:
     def _sampling(self, settings: PassSettings, seed: int):
         if settings.temperature > 0:
             return self.SamplingParams(temperature=settings.temperature, top_p=settings.top_p,
-                                       max_tokens=settings.max_tokens, seed=seed, detokenize=False)
-        return self.SamplingParams(temperature=0.0, max_tokens=settings.max_tokens, detokenize=False)
+                                       max_tokens=settings.max_tokens, seed=seed, detokenize=False,
+                                       stop_token_ids=self.answer_stops)
+        return self.SamplingParams(temperature=0.0, max_tokens=settings.max_tokens, detokenize=False,
+                                   stop_token_ids=self.answer_stops)
 
     def run_pass(self, jobs: list[PivotJob], pass_name: str, settings: PassSettings,
                  state: ResidentTrunks | None) -> list[PivotOutput]:

@@ -52,7 +52,7 @@ def invariant_unit(engine, params, chosen: list[tuple]) -> dict:
     pivots and run every pass; its records and the engine's description."""
     log.info("config %s, batch-invariant unit, engine %s", params.config, engine.describe())
     gold = {pid: g for pid, _, g in chosen}
-    prompts = {pid: engine.prompt_ids(question, params.instruction) for pid, question, _ in chosen}
+    prompts = {pid: engine.prompt_ids(question, params.instruction, params.task) for pid, question, _ in chosen}
     seeds = {(pid, r): trunk_seed(pid, r) for pid in prompts for r in range(params.invariant_rollouts)}
     progress.phase("trunks (invariant)", len(seeds), "trunk", count_rows=True)
     trunks, state = engine.sample_trunks(prompts, params.invariant_rollouts, seeds, params.temperature,

@@ -412,7 +412,8 @@ def build_tiny_model(path: str | Path, seed: int = 0, num_layers: int = 2,
     """Write a tiny random-weight model (+ tokenizer) to path; deterministic per seed.
 
     family: qwen2 (the tests' and tiny runs' model), llama, or gemma3 (its first layer a sliding-window
-    layer of TINY_SLIDING_WINDOW positions, the next a global one, as Gemma 3 alternates them).
+    layer of TINY_SLIDING_WINDOW positions, the next a global one, as Gemma 3 alternates them; a base model's
+    tokenizer without a chat template, so it gets plain prompts).
     Embeddings and the LM head are scaled up so next-token distributions are peaked
     (top-1 minus top-2 logprob margins spread over roughly 0..5).
     """
@@ -426,6 +427,10 @@ def build_tiny_model(path: str | Path, seed: int = 0, num_layers: int = 2,
                  num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
                  max_position_embeddings=2048, tie_word_embeddings=False, dtype="bfloat16",
                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    if family == "gemma3":  # a base model's tokenizer, as the embedded Gemma 3's: no chat template, and a
+        tokenizer.chat_template = None  # blank line of its own (where a plain prompt's answer ends)
+        tokenizer.add_tokens(["\n\n"])
+        shape["vocab_size"] = len(tokenizer)
     if family == "qwen2":
         config, model_class = Qwen2Config(**shape), Qwen2ForCausalLM
     elif family == "llama":
@@ -466,11 +471,13 @@ def resolve_model(spec: str) -> str:
             raise FileNotFoundError(f"model {spec!r} is not set up under models/: {FETCH_HINT}")
         recording.note_dir(d)
         return str(d)
-    if spec == "tiny" or spec.startswith("tiny:"):
-        seed_text = spec.partition(":")[2] or "0"
+    name, _, seed_text = spec.partition(":")
+    if name in TINY_FAMILIES:
+        seed_text = seed_text or "0"
         if not seed_text.isdigit():
-            raise ValueError(f"bad tiny model spec {spec!r}; use 'tiny' or 'tiny:SEED' (SEED a non-negative integer)")
-        final = tiny_model(int(seed_text))
+            raise ValueError(f"bad tiny model spec {spec!r}; use '{name}' or '{name}:SEED' (SEED a non-negative "
+                             f"integer)")
+        final = tiny_model(int(seed_text), TINY_FAMILIES[name])
         recording.note_dir(final)
         return str(final)
     if Path(spec).is_dir():
@@ -485,17 +492,23 @@ def resolve_model(spec: str) -> str:
 BUILT_BY = "built-by.json"  # in a tiny model's directory: the record of the code and files that built it
 
 
-def tiny_model(seed: int) -> Path:
-    """models/tiny-seed<SEED>, built from code once and kept while the code and files that built it are as
-    they were (its record, built-by.json); the record joins the caller's, as if it had built the model."""
-    final = models_dir() / f"tiny-seed{seed}"
+# model specs of tiny random models: tiny[:SEED] a Qwen2, tiny-llama[:SEED] a Llama (SmolLM2's architecture),
+# tiny-gemma3[:SEED] a Gemma 3 (sliding-window layers, a base model's tokenizer)
+TINY_FAMILIES = {"tiny": "qwen2", "tiny-llama": "llama", "tiny-gemma3": "gemma3"}
+
+
+def tiny_model(seed: int, family: str = "qwen2") -> Path:
+    """models/tiny-seed<SEED> (tiny-<FAMILY>-seed<SEED> for the other families), built from code once and kept
+    while the code and files that built it are as they were (its record, built-by.json); the record joins the
+    caller's, as if it had built the model."""
+    final = models_dir() / (f"tiny-seed{seed}" if family == "qwen2" else f"tiny-{family}-seed{seed}")
     built = _kept_build(final)
     if built is None:
         final.parent.mkdir(parents=True, exist_ok=True)
         with _one_builder(final.parent):  # a process that waited reads the build another made
             built = _kept_build(final)
             if built is None:
-                built = _build_tiny(final, seed)
+                built = _build_tiny(final, seed, family)
     recording.note_record(built)
     return final
 
@@ -511,12 +524,12 @@ def _kept_build(final: Path) -> dict | None:
     return built
 
 
-def _build_tiny(final: Path, seed: int) -> dict:
+def _build_tiny(final: Path, seed: int, family: str) -> dict:
     tmp = _tmp_sibling(final)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         with recording.session() as s:
-            build_tiny_model(tmp, seed=seed)
+            build_tiny_model(tmp, seed=seed, family=family)
         built = s.record()
         (tmp / BUILT_BY).write_text(json.dumps(built, indent=1, sort_keys=True) + "\n")
         _publish(tmp, final, replace=True)

@@ -95,7 +95,7 @@ def sample_batch(engine, params, batch: list[tuple]) -> dict:
     safetensors bytes, with ``digests``: per problem and rollout the digest taken when it was produced);
     and what engine.json records of the engine."""
     from .state import state_bytes  # torch: only where an engine runs
-    prompts = {pid: engine.prompt_ids(question, params.instruction) for pid, question, _ in batch}
+    prompts = {pid: engine.prompt_ids(question, params.instruction, params.task) for pid, question, _ in batch}
     seeds = {(pid, r): trunk_seed(pid, r) for pid in prompts for r in range(params.n_rollouts)}
     trunks, state = engine.sample_trunks(prompts, params.n_rollouts, seeds, params.temperature, params.top_p,
                                          params.max_trunk_tokens, params.top_logprobs)

@@ -34,7 +34,7 @@ class Campaign:
     path: Path
     note: str
     rows: list[Row]
-    invariant: Row  # one configuration's stage 5
+    invariants: list[Row]  # batch-invariant rows: each one configuration's stage 5
     figure1: str
     figure3: list[str]
     configs: dict  # config name -> Params (executor overrides applied)
@@ -57,7 +57,7 @@ class Campaign:
         stages = []
         if any(name in r.configs for r in self.rows) or name in self.figure3:
             stages.append("03_three_pass_replay")
-        if name in self.invariant.configs:
+        if any(name in r.configs for r in self.invariants):
             stages.append("05_batch_invariant")
         return stages
 
@@ -83,8 +83,14 @@ class Campaign:
         names = [n for r in self.rows for n in r.configs] + self.figure3
         return list(dict.fromkeys(names))
 
-    def invariant_config(self) -> str:
-        return self.invariant.configs[0]
+    @property
+    def invariant(self) -> Row:
+        """The first batch-invariant row (Figure 3 draws it)."""
+        return self.invariants[0]
+
+    def invariant_configs(self) -> dict:
+        """{batch-invariant row label: its configuration}."""
+        return {r.label: r.configs[0] for r in self.invariants}
 
 
 class CampaignStage:
@@ -113,7 +119,7 @@ class CampaignStage:
     def upstreams(self) -> dict[str, StageDir]:
         c = self.campaign
         ups = {(n, "03_three_pass_replay") for n in c.replay_configs()}
-        ups.add((c.invariant_config(), "05_batch_invariant"))
+        ups |= {(n, "05_batch_invariant") for n in c.invariant_configs().values()}
         return {f"{n}/{s}": StageDir(c.configs[n], s, self.out_dir) for n, s in sorted(ups)}
 
     def recorded(self) -> dict:
@@ -192,14 +198,17 @@ def load(path, overrides: dict | None = None) -> Campaign:
     if not isinstance(data["rows"], list) or not data["rows"]:
         raise ValueError(f"{where}: 'rows' must be a non-empty list of rows (label, params, published)")
     rows = [row_of(r, f"rows[{i}]") for i, r in enumerate(data["rows"])]
-    invariant = row_of(data["invariant"], "invariant")
-    if len(invariant.configs) != 1:
-        raise ValueError(f"{where}: 'invariant' must name one params file (its stage 5 is the batch-invariant row)")
-    labels = [r.label for r in rows] + [invariant.label]
+    # one batch-invariant row, or a list of them (one per model)
+    entries = data["invariant"] if isinstance(data["invariant"], list) and data["invariant"] else [data["invariant"]]
+    invariants = [row_of(e, "invariant" if len(entries) == 1 else f"invariant[{i}]") for i, e in enumerate(entries)]
+    if any(len(r.configs) != 1 for r in invariants):
+        raise ValueError(f"{where}: each 'invariant' row must name one params file (its stage 5 is the "
+                         f"batch-invariant row)")
+    labels = [r.label for r in rows] + [r.label for r in invariants]
     if len(set(labels)) != len(labels):
         raise ValueError(f"{where}: row labels repeat ({labels}); give each row its own label")
-    if data["figure1"] not in labels[:-1]:
-        raise ValueError(f"{where}: 'figure1' is {data['figure1']!r}; name one of the rows: {labels[:-1]}")
+    if data["figure1"] not in labels[:len(rows)]:
+        raise ValueError(f"{where}: 'figure1' is {data['figure1']!r}; name one of the rows: {labels[:len(rows)]}")
     fig3 = data["figure3"] if isinstance(data["figure3"], list) else [data["figure3"]]
     figure3 = once([config_of(f, "figure3") for f in fig3], fig3, "figure3")
     name = params_mod.check_name(str(data.get("name") or path.stem.removeprefix("campaign-")), where, "name")
@@ -212,6 +221,6 @@ def load(path, overrides: dict | None = None) -> Campaign:
             params_mod.make({key: v}, where=where)
         return v
     return Campaign(name=name, path=path.resolve(), note=str(data.get("note", "")).strip(), rows=rows,
-                    invariant=invariant, figure1=data["figure1"], figure3=figure3, configs=configs, sources=sources,
+                    invariants=invariants, figure1=data["figure1"], figure3=figure3, configs=configs, sources=sources,
                     bootstrap_draws=count("bootstrap_draws", 1000, 1),
                     concurrent_configs=count("concurrent_configs", 0, 0))

@@ -97,7 +97,8 @@ class Params:
                                                   "fractions let engines share one)", above=0)
     task: str = _p("01_sampling", "gsm8k", "task family: gsm8k, math500, or arith (word problems for small models)")
     model: str = _p("01_sampling", "embedded:qwen2.5-coder-0.5b-instruct",
-                    "embedded:NAME, tiny[:SEED], a local model directory, or a hub id (GPU users)")
+                    "embedded:NAME, tiny[:SEED] (tiny-llama[:SEED], tiny-gemma3[:SEED]: the other families), a local "
+                    "model directory, or a hub id (GPU users)")
     engine: str = _p("01_sampling", "hf", "hf (transformers, any device) or vllm (GPU)")
     device: str = _p("01_sampling", "cpu", "cpu, cuda or auto")
     dtype: str = _p("01_sampling", "bfloat16", "model dtype (the paper ran bfloat16)")

@@ -15,7 +15,8 @@ from ..runtime.units import NoEngine, run_stage
 def inputs(c: Campaign, out_dir=None) -> dict:
     return {"campaign": c, "tables_dir": tables_dir(c.label, out_dir), "figures_dir": figures_dir(c.label, out_dir),
             "replay": {n: stage_dir(n, outputs.REPLAY, out_dir) / "records.parquet" for n in c.replay_configs()},
-            "invariant": stage_dir(c.invariant_config(), outputs.INVARIANT, out_dir) / "records.parquet"}
+            "invariant": {label: stage_dir(n, outputs.INVARIANT, out_dir) / "records.parquet"
+                          for label, n in c.invariant_configs().items()}}
 
 
 def run(c: Campaign, out_dir=None) -> list[dict]:
