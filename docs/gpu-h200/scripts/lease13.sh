@@ -1,21 +1,21 @@
 #!/bin/bash
-# Lease 13: three model families on vLLM and the transformers engine on CUDA. The embedded Qwen2.5-Coder-0.5B,
+# Lease 13: the two model families new to the package on vLLM and the transformers engine on CUDA. The embedded
 # SmolLM2-135M-Instruct and Gemma 3 270M converted from their GGUFs on the device (gguf's reference
-# dequantizer for the two new ones), then params/campaign-gpu-families.yaml's stages (each model's primary and
+# dequantizer), then params/campaign-gpu-two-families.yaml's stages (each model's primary and
 # screened cohorts on the arith task in vLLM's multi-process engine and in-process, each model's batch-invariant
 # stage), and beside it each model on the transformers engine on CUDA (params/gpu-families-*-hf.yaml).
 #   lease13.sh parts        copy the parts this call carried under /tmp; the first call also starts the chain
 #   lease13.sh poll SECS    wait up to SECS for the chain's end; report; pack logs and results into $OUT
 # Parts, made here in git-ignored folders: the vLLM wheelhouse (shared/gpu/build-wheelhouse.sh, re-split at 48M:
 # .gpu/pNN), the extra wheels (papermill, ipykernel and what they need, and the Gemma terms package: .whl/x0),
-# the three GGUFs concatenated in this order and split at 48M (.whl/gNN).
+# the two GGUFs concatenated in this order and split at 48M (.whl/gNN).
 L=/tmp/logs; mkdir -p $L
 WH_SHA=303abcc5ddbe99a3e3e2aa3667907bcf19995c7f82fe98ced3bd3bd9cceb08a5
 EXTRA_SHA=732a0a6f9288b7e6be2692ca0d51454d30f2a7a5f78c350e58550a86777b06fa
-GG_SHA=d155edd28d378664c862148a24c0ff32c6aa2cbfa3990fee349702f8d3c60a38
-N_WH=7 N_EXTRA=1 N_GG=17
+GG_SHA=68088aeae5472e39136aae9135ff884d5241081c26429a58e100633b2d21f305
+N_WH=7 N_EXTRA=1 N_GG=7
 # the GGUFs' sizes, in the order they were concatenated (replaylib.measure.models.EMBEDDED_MODELS checks each)
-GGUFS="smollm2-135m-instruct:98362432 gemma-3-270m:253113024 qwen2.5-coder-0.5b-instruct:491400064"
+GGUFS="smollm2-135m-instruct:98362432 gemma-3-270m:253113024"
 put() { mkdir -p $2; for f in $1/*; do [ -f "$f" ] && cp "$f" "$2/.$(basename $f).tmp" && mv "$2/.$(basename $f).tmp" "$2/$(basename $f)"; done; }
 case $1 in
 parts)
@@ -57,14 +57,15 @@ chain)
     name=${entry%%:*} size=${entry##*:}
     tail -c +$((offset + 1)) /tmp/gg/all | head -c $size > /tmp/gg/$name.gguf
     offset=$((offset + size))
-    step convert_$name 600 python3 -m replaylib.models fetch $name --gguf /tmp/gg/$name.gguf || fail "convert $name"
+    step convert_$name 600 python3 -m replaylib.models fetch $name --gguf /tmp/gg/$name.gguf &
   done
-  rm -f /tmp/gg/all
+  wait; rm -f /tmp/gg/all
+  for entry in $GGUFS; do [ -f /tmp/models/${entry%%:*}/SOURCE.json ] || fail "convert ${entry%%:*}"; done
   # the transformers engine on CUDA, one model after the other, beside the campaign
-  ( for fam in smollm2 gemma3 qwen; do
+  ( for fam in smollm2 gemma3; do
       step hf_$fam 900 python3 -m replaylib.run params/gpu-families-$fam-hf.yaml --out /tmp/rlhf
     done; touch $L/HF_DONE ) &
-  step campaign 1500 python3 -m replaylib.campaign params/campaign-gpu-families.yaml --stages-only
+  step campaign 1500 python3 -m replaylib.campaign params/campaign-gpu-two-families.yaml --stages-only
   wait
   step smi 60 nvidia-smi --query-gpu=name,memory.used --format=csv
   step leftovers 60 bash -c 'ps aux | grep -E "vllm|EngineCore|replaylib" | grep -v grep | wc -l'
