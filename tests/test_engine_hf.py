@@ -12,8 +12,8 @@ QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have now?"
 INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
 
-def sample(engine, n=3, max_new=40, pid=0):
-    prompt = engine.prompt_ids(QUESTION, INSTRUCTION)
+def sample(engine, n=3, max_new=40, pid=0, question=QUESTION):
+    prompt = engine.prompt_ids(question, INSTRUCTION)
     seeds = {(pid, r): trunk_seed(pid, r) for r in range(n)}
     trunks, state = engine.sample_trunks({pid: prompt}, n, seeds, 0.7, 0.95, max_new, 5)
     return trunks[pid], state[pid]

@@ -277,10 +277,12 @@ def test_an_embedded_family_is_its_gguf_as_transformers_reads_it_too(name, tmp_p
 @pytest.mark.skipif(os.environ.get("REPLAYLIB_SLOW") != "1", reason="set REPLAYLIB_SLOW=1")
 @pytest.mark.parametrize("name", EMBEDDED_FAMILIES)
 def test_an_embedded_family_resumes_its_own_trunks_exactly(name):
-    """Gemma 3's pivots lie past its sliding-window layers' 512 positions (a few-shot prompt of about 420
-    tokens, then the trunk)."""
+    """Gemma 3's pivots lie past its sliding-window layers' 512 positions: its few-shot prompt (about 420
+    tokens) holds a long question (three GSM8K test problems' texts before the one it asks)."""
+    from replaylib.measure.data import load_problems
     engine = HFEngine(str(_fetched(name)), "cpu", "bfloat16")
-    trunks, state = sample(engine, n=2, max_new=120)
+    long_question = " ".join(p.question for p in load_problems("gsm8k")[:3]) + " " + QUESTION
+    trunks, state = sample(engine, n=2, max_new=120, question=long_question)
     at = min(len(t.gen_ids) for t in trunks) - 4
     jobs = [job_for(trunks[r], at, pivot_id=r) for r in range(2)]
     window = getattr(engine.model.config, "sliding_window", None)

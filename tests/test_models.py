@@ -249,6 +249,36 @@ def test_fetch_atomic_ok_then_noop(fake_fetch, mdir, capsys):
         models.fetch("fake")
 
 
+@pytest.mark.parametrize("merges", [True, False])
+def test_fetch_refuses_a_tokenizer_converted_otherwise(fake_fetch, mdir, monkeypatch, merges):
+    """The converted tokenizer must read the probe text as the model's spec pins it: one whose BPE merges were
+    lost (one token per character, as one transformers release converts Gemma 3's GGUF tokenizer) stops the
+    fetch in one line and leaves nothing."""
+    tok = models._tiny_tokenizer()
+    fake_fetch["tokenizer_ids"] = tok(models.TOKENIZER_PROBE)["input_ids"]
+    convert = models.convert_gguf
+
+    def with_tokenizer(gguf_path, out_dir):
+        convert(gguf_path, out_dir)
+        tok.save_pretrained(out_dir)
+        if not merges:
+            data = json.loads((out_dir / "tokenizer.json").read_text())
+            data["model"]["merges"] = []
+            (out_dir / "tokenizer.json").write_text(json.dumps(data))
+
+    monkeypatch.setattr(models, "convert_gguf", with_tokenizer)
+    if merges:
+        assert models.is_valid_model_dir(models.fetch("fake"))
+        return
+    with pytest.raises(ModelError, match="the converted tokenizer reads .* tokens, not the .* pinned") as e:
+        models.fetch("fake")
+    assert "\n" not in str(e.value) and list(mdir.iterdir()) == []
+
+
+def test_every_embedded_model_pins_its_tokenizer():
+    assert all(len(spec["tokenizer_ids"]) > 10 for spec in models.EMBEDDED_MODELS.values())
+
+
 def test_fetch_keep_gguf(fake_fetch, mdir):
     models.fetch("fake", keep_gguf=True)
     assert sorted(p.name for p in mdir.iterdir()) == ["fake", "fake.gguf"]

