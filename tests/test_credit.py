@@ -372,17 +372,18 @@ def test_a_device_the_machine_lacks_is_refused_in_one_line(rollouts, tiny_model_
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("REPLAYLIB_SLOW") != "1", reason="set REPLAYLIB_SLOW=1")
-def test_the_embedded_model_s_own_rollouts_are_certified_and_resume_equals_its_replica(tmp_path):
-    """The embedded model (Qwen2.5-Coder-0.5B-Instruct, bf16) on the CPU: two rollouts of a GSM8K-like
-    prompt sampled by the engine, then credited: every certificate bit-exact, resume equal to its replica."""
+@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m"])
+def test_the_embedded_model_s_own_rollouts_are_certified_and_resume_equals_its_replica(name, tmp_path):
+    """Each embedded model (bf16) on the CPU: two rollouts of a GSM8K-like prompt sampled by the engine, then
+    credited with --model embedded:NAME: every certificate bit-exact, resume equal to its replica."""
     from replaylib.measure.engine_hf import HFEngine
     from replaylib.measure.models import resolve_model
-    engine = HFEngine(resolve_model("embedded:qwen2.5-coder-0.5b-instruct"), "cpu", "bfloat16")
+    engine = HFEngine(resolve_model(f"embedded:{name}"), "cpu", "bfloat16")
     prompt = engine.prompt_ids("Tom has 3 apples and buys 4 more. How many apples does he have?",
                                "\nPlease reason step by step, and put your final answer within \\boxed{}.")
     rows = sampled_rollouts(engine, n=2, max_new=24, prompt=prompt)
     summary = run(write(tmp_path / "r.jsonl", rows), tmp_path / "out",
-                  Settings(model="embedded:qwen2.5-coder-0.5b-instruct", grader="gsm8k", k=2, max_cont_tokens=16,
+                  Settings(model=f"embedded:{name}", grader="gsm8k", k=2, max_cont_tokens=16,
                            margin=9.0, max_pivots_per_rollout=2), engine=engine)
     frame = pd.read_parquet(tmp_path / "out" / "credit.parquet")
     assert summary["pivots"] == len(frame) > 0 and set(frame["certificate"]) == {"bit-exact"}

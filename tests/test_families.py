@@ -178,6 +178,30 @@ def test_a_short_run_of_each_family_through_every_stage(family, tmp_path):
         assert (recs.gen_index + len(trunks.prompt_ids.iloc[0]) > TINY_SLIDING_WINDOW).all()
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_credit_tool_and_the_estimator_certify_each_family(family, tmp_path):
+    """--model tiny-<family>:0 (the command loads the model by its spec) and an Estimator on the same spec: the
+    model's own rollouts (of a plain prompt, for the Gemma 3) certified bit for bit, resume equal to its replica."""
+    import pandas as pd
+    from test_credit import FAST, sampled_rollouts, write
+
+    from replaylib.credit import Estimator
+    from replaylib.credit.tool import Settings, run
+    spec = f"tiny-{family}:0"
+    engine = HFEngine(models.resolve_model(spec), "cpu", "bfloat16")
+    rows = sampled_rollouts(engine, n=2, max_new=12, prompt=engine.prompt_ids(QUESTION, BOXED_INSTRUCTION))
+    summary = run(write(tmp_path / "r.jsonl", rows), tmp_path / "out", Settings(model=spec, grader="gsm8k", **FAST))
+    frame = pd.read_parquet(tmp_path / "out" / "credit.parquet")
+    assert summary["pivots"] == len(frame) > 0 and set(frame.certificate) == {"bit-exact"}
+    assert (frame.continuations_resume == frame.continuations_replica).all()
+    estimator = Estimator(model=spec, grader="gsm8k", **FAST)
+    try:
+        again = estimator(rows)
+    finally:
+        estimator.close()
+    assert set(again.certificate) == {"bit-exact"} and list(again.A_resume) == list(frame.A_resume)
+
+
 def models_tokenizer(family):
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(models.resolve_model(f"tiny-{family}:0"))
