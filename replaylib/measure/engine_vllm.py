@@ -501,12 +501,10 @@ class VLLMEngine:
         raise ValueError("layer_profile needs engine: hf (vLLM's APIs do not hand out a KV state)")
 
     def _sampling(self, settings: PassSettings, seed: int):
+        common = dict(max_tokens=settings.max_tokens, detokenize=False, stop_token_ids=self.answer_stops)
         if settings.temperature > 0:
-            return self.SamplingParams(temperature=settings.temperature, top_p=settings.top_p,
-                                       max_tokens=settings.max_tokens, seed=seed, detokenize=False,
-                                       stop_token_ids=self.answer_stops)
-        return self.SamplingParams(temperature=0.0, max_tokens=settings.max_tokens, detokenize=False,
-                                   stop_token_ids=self.answer_stops)
+            return self.SamplingParams(temperature=settings.temperature, top_p=settings.top_p, seed=seed, **common)
+        return self.SamplingParams(temperature=0.0, **common)
 
     def run_pass(self, jobs: list[PivotJob], pass_name: str, settings: PassSettings,
                  state: ResidentTrunks | None) -> list[PivotOutput]:
