@@ -188,6 +188,8 @@ def test_rewards_get_what_grpo_gives_them_and_credit_logs_numbers_pooled_and_per
         assert type(call["answer"]) is int and call["id"].startswith("problem-") and "#" not in call["id"]
         assert call["ids"] and all(type(t) is int for t in call["ids"]) and call["logs"]
     assert {c["step"] for c in credit_calls} == {0, 1}
+    decode = trainer.processing_class.decode
+    assert all(decode(c["ids"], skip_special_tokens=True) == c["completion"][0]["content"] for c in credit_calls)
     logged = [e for e in trainer.state.log_history if any(k.startswith("credit/") for k in e)]
     assert [e["step"] for e in logged] == [1, 2]
     for entry in logged:

@@ -71,14 +71,13 @@ class TrainerReward:
         self.fn, self.trainer = fn, trainer
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)  # what a grading error names
         self.rows: list[dict] = []  # this step's dataset rows, as GRPO repeated them
-        self.decoded: tuple[str, list[int]] | None = None  # the engine's last decode: the graded text's ids
+        self.decoded: dict = {}  # text -> token ids, as the engine decoded them this step (the graded texts')
 
     def __call__(self, prompts, completions, credit_row, **_):
         from trl.data_utils import is_conversational
         row, text = self.rows[credit_row[0]], completions[0]
-        if self.decoded is not None and self.decoded[0] == text:
-            ids = self.decoded[1]
-        else:  # not the text just decoded (never, as the estimator grades): its tokens again
+        ids = self.decoded.get(text)
+        if ids is None:  # not a text the engine decoded (never, as the estimator grades): its tokens again
             ids = self.trainer.processing_class(text, add_special_tokens=False)["input_ids"]
         # as GRPOTrainer._generate decodes a completion (without a tokenizer's response schema)
         conversational = is_conversational({"prompt": row["prompt"]})
@@ -180,7 +179,7 @@ class CreditCallback(TrainerCallback):
 
             def remembered(ids):
                 text = decode(ids)
-                self.reward.decoded = (text, list(ids))
+                self.reward.decoded[text] = list(ids)
                 return text
 
             engine.decode = remembered
@@ -202,7 +201,7 @@ class CreditCallback(TrainerCallback):
             truth = self.ground_truth if self.ground_truth in ALIASES["ground_truth"] else "ground_truth"
             batch[truth] = [str(row[self.ground_truth]) for row in rows]
         else:
-            self.reward.rows = rows
+            self.reward.rows, self.reward.decoded = rows, {}
             batch[ROW] = list(range(n))
             # the reader wants a reference answer; a TRL reward reads the row's own columns instead
             batch["ground_truth"] = [str(row.get(self.ground_truth, "")) or "-" for row in rows]
