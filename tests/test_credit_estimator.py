@@ -1,11 +1,10 @@
 """Credit inside a training loop: an estimator loaded once and called per batch (TRL tensors, a verl DataProto,
-a trainer's model in memory), writing nothing; the one-shot estimate(); a caller's vLLM engine refused in one
-line when it cannot force; TRL's GRPOTrainer with the credit callback (examples/trl_grpo_credit.py)."""
-import json
-import subprocess
-import sys
+a trainer's model in memory), writing nothing, within a time budget when given one, each warning said once; the
+one-shot estimate(); a caller's vLLM engine refused in one line when it cannot force. TRL's GRPOTrainer with the
+credit callback: tests/test_credit_trl.py."""
+import logging
+import re
 import tempfile
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,10 +14,10 @@ import torch
 from test_credit import FAST, PROMPT, sampled_rollouts
 
 from replaylib import credit
+from replaylib.credit.calibration import Cost
 from replaylib.credit.estimator import Estimator
 from replaylib.credit.inputs import BadInput
 
-REPO = Path(__file__).resolve().parents[1]
 PAD = 0
 
 
@@ -69,6 +68,34 @@ def test_an_estimator_loads_once_and_estimates_batch_after_batch_writing_nothing
     assert set(first["id"]) <= {"0", "1", "2", "3"} and set(first["certificate"]) == {"not recorded"}
     assert metrics["credit/pivots"] == len(first) and all(isinstance(v, float) for v in metrics.values())
     assert list(scratch.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["tmp"]  # no file
+
+
+def test_an_estimator_takes_the_rollouts_its_budget_fits_logs_its_estimate_and_warns_once(rows, tiny_model_dir,
+                                                                                         caplog):
+    """A budget takes the rollouts in order while their estimated cost fits (a fake calibration here: 1 s of
+    passes a pivot, 2 pivots and 3 passes a rollout, 6 s); the estimate is logged before the groups run; a
+    warning of a later batch that only repeats one already said is not said again."""
+    with Estimator(model=tiny_model_dir, grader=reward, **FAST) as estimator, \
+            caplog.at_level(logging.INFO, logger="replaylib"):
+        estimator.cost = Cost(estimator.settings, {"forced": (0.0, 0.0), "pass": (1.0, 0.0), "pivots": 1})
+        two = estimator(trl_batch(rows), budget_s=15.0)
+        assert estimator.summary["rollouts"] == 2 and estimator.summary["rollouts_given"] == 4
+        assert set(two["id"]) <= {"0", "1"} and len(two) > 0
+        assert "credit: 2 of 4 rollouts (1 prompt groups) in a budget of" in caplog.text
+        assert "about 12.00 s (from a calibration on the first group" in caplog.text
+        none = estimator(trl_batch(rows), budget_s=0.0)
+        assert len(none) == 0 and estimator.metrics()["credit/rollouts"] == 0.0
+        assert "fits no rollout of this batch" in caplog.text
+        estimator(trl_batch(rows))
+        assert estimator.summary["rollouts"] == 4 and "(from the groups measured so far (1))" in caplog.text
+        estimator(trl_batch(rows))
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert estimator.summary["warnings"]  # the last batch's, each said once over the four batches
+    def numbers_out(text: str) -> str:
+        return re.sub(r"\d+(\.\d+)?", "#", text)
+
+    for line in estimator.summary["warnings"]:
+        assert [numbers_out(s) for s in said].count(numbers_out(f"warning: {line}")) == 1, (line, said)
 
 
 def test_estimate_on_a_trl_batch_with_a_trl_reward_function_returns_a_per_pass(rows, tiny_model_dir, tmp_path,
@@ -154,18 +181,6 @@ def test_an_estimator_takes_one_model_and_a_model_in_memory_needs_its_tokenizer(
         Estimator(grader="gsm8k")
     with pytest.raises(BadInput, match="needs its tokenizer"):
         Estimator(model=torch.nn.Linear(2, 2), grader="gsm8k")
-
-
-def test_trl_grpo_runs_two_steps_with_the_credit_callback_and_logs_its_metrics():
-    """examples/trl_grpo_credit.py: TRL's GRPOTrainer on the CPU, the credit metrics in the trainer's logs."""
-    done = subprocess.run([sys.executable, str(REPO / "examples" / "trl_grpo_credit.py")], cwd=REPO,
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    logged = json.loads(done.stdout.strip().splitlines()[-1])
-    assert [entry["step"] for entry in logged] == [1, 2]
-    for entry in logged:
-        assert entry["credit/pivots"] > 0 and entry["credit/seconds"] > 0
-        assert {"credit/floor", "credit/refeed", "credit/certified", "credit/passes_agree"} <= set(entry)
 
 
 def test_the_tool_s_vllm_engine_has_a_fixed_kv_cache_unless_told_otherwise():

@@ -11,6 +11,7 @@ import time
 
 from ..measure.engine import ARMS, PassSettings, PivotJob
 from .diagnostics import planned_pivots
+from .kernel import groups_of
 
 FORCED_STEPS = (4, 16)  # tokens of each response forced, the two calls
 DECODE_STEPS = (2, 8)  # continuation tokens of the two passes
@@ -88,3 +89,42 @@ def _duration(seconds: float) -> str:
     if seconds < 90:
         return f"{math.ceil(seconds)} s"
     return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+class Cost:
+    """What a plan will take on this engine: the calibration's estimate (every continuation at --max-cont-tokens),
+    scaled by what the groups measured so far took against their own estimates, so that the estimate follows the
+    continuations' real lengths and the machine's load."""
+
+    def __init__(self, settings, measured: dict):
+        self.settings, self.measured = settings, measured
+        self.estimated = self.took = 0.0  # over the groups measured so far
+        self.groups = 0
+
+    def calibrated(self, groups: list[list]) -> float:
+        return estimate(groups, list(range(len(groups))), self.settings, self.measured)[0]
+
+    def scale(self) -> float:
+        return self.took / self.estimated if self.estimated > 0 else 1.0
+
+    def __call__(self, groups: list[list]) -> float:
+        """Seconds for these groups (each a prompt's rollouts)."""
+        return self.calibrated(groups) * self.scale()
+
+    def update(self, groups: list[list], seconds: float) -> None:
+        """These groups took these seconds."""
+        self.estimated += self.calibrated(groups)
+        self.took += seconds
+        self.groups += len(groups)
+
+    def fitting(self, rollouts: list, budget_s: float) -> int:
+        """How many of the rollouts, taken in order, fit the budget."""
+        fits = 0
+        while fits < len(rollouts) and self(groups_of(rollouts[:fits + 1])) <= budget_s:
+            fits += 1
+        return fits
+
+    def basis(self) -> str:
+        if self.groups:
+            return f"from the groups measured so far ({self.groups})"
+        return "from a calibration on the first group, every continuation at --max-cont-tokens"

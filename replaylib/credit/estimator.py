@@ -13,16 +13,35 @@ stages' runner without shards)."""
 from __future__ import annotations
 
 import contextlib
+import logging
+import re
 import time
 
 import pandas as pd
 
 from ..measure.credit import TOOL_PASSES
+from .calibration import Cost, calibrate
 from .inputs import BadInput
+from .kernel import groups_of
 from .tool import GivenEngine, Settings, compute_groups, context_of, describe, model_files, open_executor, \
-    read_checked, results, vocab_of
+    read_checked, results, vocab_of, warn
 
 CERTIFIED = ("bit-exact", "within arithmetic")
+log = logging.getLogger("replaylib")
+
+
+class Once:
+    """Says each line once: a line that differs from one said before only in its numbers is the same line (a
+    warning repeated at every training step says nothing new)."""
+
+    def __init__(self, say):
+        self.say, self.seen = say, set()
+
+    def __call__(self, line: str) -> None:
+        key = re.sub(r"\d+(\.\d+)?", "#", line)
+        if key not in self.seen:
+            self.seen.add(key)
+            self.say(line)
 
 
 class Estimator:
@@ -72,6 +91,8 @@ class Estimator:
         self.described = self.executor.call(describe)
         self.summary: dict = {}
         self.progress = progress  # a progress bar per call (off: a trainer's loop draws its own)
+        self.cost = None  # what a batch will take: calibrated on the first batch, then from the groups measured
+        self.warn = Once(warn)
 
     @contextlib.contextmanager
     def _evaluating(self):
@@ -86,32 +107,65 @@ class Estimator:
         finally:
             self.live.train(training)
 
-    def __call__(self, batch) -> pd.DataFrame:
-        """This batch's credit: one row per pivot (the columns of credit.parquet); its summary in ``summary``."""
+    def __call__(self, batch, budget_s: float | None = None) -> pd.DataFrame:
+        """This batch's credit: one row per pivot (the columns of credit.parquet); its summary in ``summary``.
+        budget_s: the seconds this call may take; the rollouts are taken in order while their estimated cost
+        fits (a calibration on the first call's first group, then what the groups measured took)."""
         started = time.perf_counter()
-        _, rollouts, inputs = read_checked(batch, self.settings, self.vocab, self.context)
+        source, rollouts, inputs = read_checked(batch, self.settings, self.vocab, self.context)
         with self._evaluating():
-            computed = compute_groups(self.settings, inputs, self.executor, show=self.progress)
-        frame, _, self.summary = results(self.settings, inputs, computed, len(rollouts), self.described)
-        self.summary["seconds"] = round(time.perf_counter() - started, 3)
+            if self.cost is None:
+                self.cost = Cost(self.settings, self.executor.call(calibrate, self.settings, inputs["groups"][0]))
+            chosen = rollouts
+            if budget_s is not None:
+                budget_s = max(0.0, budget_s - (time.perf_counter() - started))  # the calibration spent some
+                chosen = rollouts[:self.cost.fitting(rollouts, budget_s)]
+                inputs = {"groups": groups_of(chosen), "path": source}
+            estimated = self.cost(inputs["groups"])
+            log.info(self.estimate_line(len(chosen), len(rollouts), inputs["groups"], estimated, budget_s))
+            if chosen:
+                computing = time.perf_counter()
+                computed = compute_groups(self.settings, inputs, self.executor, show=self.progress)
+                self.cost.update(inputs["groups"], time.perf_counter() - computing)
+        if chosen:
+            frame, _, self.summary = results(self.settings, inputs, computed, len(chosen), self.described,
+                                             say=self.warn)
+        else:
+            first = self.cost(groups_of(rollouts[:1]))
+            self.warn(f"a budget of {budget_s:.2f} s fits no rollout of this batch (its first would take about "
+                      f"{first:.2f} s); give a larger one (budget_s; CreditCallback's budget_share)")
+            frame, self.summary = pd.DataFrame(), {"rollouts": 0, "pivots": 0}
+        self.summary.update(rollouts_given=len(rollouts), estimated_s=round(estimated, 3),
+                            seconds=round(time.perf_counter() - started, 3))
+        if budget_s is not None:
+            self.summary["budget_s"] = round(budget_s, 3)
         return frame
+
+    def estimate_line(self, chosen: int, given: int, groups: list, estimated: float, budget_s) -> str:
+        taken = f"{chosen} of {given} rollouts" if chosen < given else f"{given} rollouts"
+        budget = "" if budget_s is None else f" in a budget of {budget_s:.2f} s"
+        return (f"credit: {taken} ({len(groups)} prompt groups){budget}: about {estimated:.2f} s "
+                f"({self.cost.basis()})")
 
     estimate = __call__
 
     def metrics(self, prefix: str = "credit/") -> dict:
-        """The last batch's numbers as floats, for a trainer's logs: pivots, common pivots, the replica floor
-        and re-feed's share of sign changes (nan where no common pivot), certificates passed, failed and not
-        recorded (rollouts without logprobs), pivots whose resume was not verified, passes agreeing, seconds."""
+        """The last batch's numbers as floats, for a trainer's logs: rollouts measured, pivots, common pivots,
+        the replica floor and re-feed's share of sign changes (left out where no common pivot: a logger takes no
+        None or NaN), certificates passed, failed and not recorded (rollouts without logprobs), pivots whose
+        resume was not verified, passes agreeing, the seconds estimated and taken, and the budget if one was
+        given."""
         s = self.summary
         certs = s.get("certificates", {})
-        share = {name: float("nan") if s.get(name) is None else float(s[name]) for name in ("floor", "refeed")}
-        found = {"pivots": s.get("pivots", 0), "common_pivots": s.get("common_pivots", 0), **share,
+        found = {"rollouts": s.get("rollouts", 0), "pivots": s.get("pivots", 0),
+                 "common_pivots": s.get("common_pivots", 0), "floor": s.get("floor"), "refeed": s.get("refeed"),
                  "certified": sum(certs.get(c, 0) for c in CERTIFIED), "certificates_differ": certs.get("differs", 0),
                  "certificates_not_recorded": certs.get("not recorded", 0), "not_verified": s.get("not_verified", 0),
-                 "passes_agree": s.get("passes_agree", 0), "seconds": s.get("seconds", 0.0)}
+                 "passes_agree": s.get("passes_agree", 0), "estimated_s": s.get("estimated_s"),
+                 "seconds": s.get("seconds", 0.0), "budget_s": s.get("budget_s")}
         if not set(TOOL_PASSES) <= set(self.settings.passes):
             found.pop("floor"), found.pop("refeed")
-        return {f"{prefix}{k}": float(v) for k, v in found.items()}
+        return {f"{prefix}{k}": float(v) for k, v in found.items() if v is not None}
 
     def close(self) -> None:
         """Stop the engine this estimator loaded (a model or LLM given to it stays as it was)."""

@@ -227,15 +227,21 @@ def summarize(frame: pd.DataFrame, settings: Settings, n_rollouts: int, describe
     return summary
 
 
+def records_of(frame: pd.DataFrame) -> pd.DataFrame:
+    """Credit rows as the statistics stage's records: resume as exact1, replica as exact2, a prompt as a problem,
+    exact_ok where every exact pass was verified."""
+    return pd.DataFrame({"problem_id": frame["prompt"], "A_exact1": frame["A_resume"],
+                         "A_exact2": frame["A_replica"], "A_refeed": frame["A_refeed"],
+                         "exact_ok": [kernel.verified(r) for r in frame.to_dict("records")]})
+
+
 def judged(frame: pd.DataFrame) -> dict:
     """The paper's Table 1 numbers and its two main claims on these pivots, as the statistics stage judges
-    its records (resume as exact1, replica as exact2, a prompt as a problem; unverified pivots left out)."""
+    its records (unverified pivots left out)."""
     from dataclasses import asdict as fields
 
     from ..analysis import claims, stats
-    records = pd.DataFrame({"problem_id": frame["prompt"], "A_exact1": frame["A_resume"],
-                            "A_exact2": frame["A_replica"], "A_refeed": frame["A_refeed"],
-                            "exact_ok": [kernel.verified(r) for r in frame.to_dict("records")]})
+    records = records_of(frame)
     kept = stats.exclude_not_exact(records)[0]
     return {"table1": stats.table1_numbers(records),
             "claims": {"the replica floor is above zero": fields(claims.floor_above_zero(kept)),
@@ -262,9 +268,13 @@ def compute_groups(settings: Settings, inputs: dict, executor, store=None, where
         raise BadInput(str(getattr(e, "cause", None) or e)) from None
 
 
-def results(settings: Settings, inputs: dict, computed, n_rollouts: int, described: dict):
+def warn(line: str) -> None:
+    log.warning("warning: %s", line)
+
+
+def results(settings: Settings, inputs: dict, computed, n_rollouts: int, described: dict, say=warn):
     """(the rows of every group, each group's timing, the summary with the grader's counts and the warnings,
-    each warning logged)."""
+    each warning given to say)."""
     frame = KERNEL.assemble(settings, inputs, computed.done).result
     timing = [{"group": i, "rollouts": u.size, "reused": u.name not in computed.ran,
                "passes": computed.done[u.name]["timing"]} for i, u in enumerate(KERNEL.plan(settings, inputs, {}))]
@@ -272,7 +282,7 @@ def results(settings: Settings, inputs: dict, computed, n_rollouts: int, describ
     summary["grader"] = timings.grader_totals(timing)
     summary["warnings"] = warnings(frame, settings)
     for line in summary["warnings"]:
-        log.warning("warning: %s", line)
+        say(line)
     return frame, timing, summary
 
 

@@ -1,37 +1,121 @@
-"""Credit inside a TRL training loop: every N steps, a sample of a GRPO step's rollouts goes through the credit
-estimator on the trainer's own model, as the trainer sampled them and before its optimizer step moves the
-policy, and the credit metrics join that step's logs (``trainer.state.log_history`` and every ``report_to``).
+"""Credit inside a TRL training loop: every N steps, the rollouts of a GRPO step that fit a time budget go through
+the credit estimator on the trainer's own model, as the trainer sampled them and before its optimizer step moves
+the policy, and the credit metrics join that step's logs (``trainer.state.log_history`` and every ``report_to``).
 
     trainer = GRPOTrainer(model=model, reward_funcs=[correct], args=args, train_dataset=dataset,
                           processing_class=tokenizer)
-    CreditCallback(every=10, sample=8, ground_truth="answer", k=2).attach(trainer)
+    CreditCallback(every=10, k=2).attach(trainer)
     trainer.train()
 
 The rollouts are read where TRL has them as token ids, its tensors ``prompt_ids``/``prompt_mask`` (left
 padded) and ``completion_ids``/``completion_mask`` (right padded), from the method that samples and scores
-a step (``GRPOTrainer._generate_and_score_completions``, wrapped); the dataset rows beside them give each
-rollout's ground truth (the column ``ground_truth`` names) and the grader's other columns. The grader is the
-trainer's first reward function unless one is given. Where TRL kept the sampled tokens' logprobs
-(``sampling_per_token_logps`` with vLLM, else ``old_per_token_logps``), they are certified at the trainer's
-temperature. The metrics (``credit/floor``, ``credit/refeed``, ``credit/pivots``, ``credit/certified``,
-``credit/seconds``, ...) are averaged by TRL like its own."""
+a step (``GRPOTrainer._generate_and_score_completions``, wrapped). The grader is the trainer's first reward
+function unless one is given, and it is called as the trainer calls it (``TrainerReward``). Where TRL kept the
+sampled tokens' logprobs (``sampling_per_token_logps`` with vLLM, else ``old_per_token_logps``), they are
+certified at the trainer's temperature.
+
+Credit never stops training: a failure is one warning (once per message) and ``credit/skipped`` 1 for that
+step (``strict=True`` raises it instead). Each step's credit has a budget, a share of the step's own time (the
+previous step's, measured between on_step_begin and on_step_end; the first step's sampling for the first) or
+seconds; the rollouts it measures are those the estimated cost fits. Rates pooled over the run, with their
+intervals and the verdict, are logged beside each step's numbers; every pivot is a row of
+``<output_dir>/credit/pivots.jsonl``."""
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
+import math
 import time
+from pathlib import Path
 
 from transformers import TrainerCallback
 
+from .estimator import Once
+from .inputs import ALIASES, BadInput
+from .running import Pooled
+from .tool import Settings
+
 TRL_LOGPROBS = ("sampling_per_token_logps", "old_per_token_logps")
+TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+ROW = "credit_row"  # the batch column that tells TrainerReward which dataset row a rollout came from
+log = logging.getLogger("replaylib")
+
+
+def rollout_ids(rows: list[dict], step: int) -> list[str]:
+    """Unique ids for a step's rollouts: GRPO repeats each dataset row once per generation, so the row's id (or,
+    without an id column, the prompt's number in the step) gets the rollout's number among its repeats:
+    'problem-0#2'."""
+    prompts, repeats, ids = {}, {}, []
+    for row in rows:
+        base = row.get("id")
+        if base is None:
+            key = json.dumps(row["prompt"], sort_keys=True, default=str)
+            base = f"step{step}-{prompts.setdefault(key, len(prompts))}"
+        repeats[str(base)] = n = repeats.get(str(base), -1) + 1
+        ids.append(f"{base}#{n}")
+    return ids
+
+
+def _ignored(*args, **kwargs) -> None:
+    """log_extra and log_metric for credit's grading: its thousands of grades are not the training's."""
+
+
+class TrainerReward:
+    """A TRL reward function called on one graded completion with what GRPOTrainer gives it: the row's prompt
+    and columns as the dataset holds them (an int answer stays an int), the completion in the trainer's format
+    (a message list where the prompt is a conversation, else text), its token ids, and TRL's trainer_state,
+    log_extra and log_metric (those two take nothing: see _ignored)."""
+
+    def __init__(self, fn, trainer):
+        self.fn, self.trainer = fn, trainer
+        self.__name__ = getattr(fn, "__name__", type(fn).__name__)  # what a grading error names
+        self.rows: list[dict] = []  # this step's dataset rows, as GRPO repeated them
+        self.decoded: dict = {}  # text -> token ids, as the engine decoded them this step (the graded texts')
+
+    def __call__(self, prompts, completions, credit_row, **_):
+        from trl.data_utils import is_conversational
+        row, text = self.rows[credit_row[0]], completions[0]
+        ids = self.decoded.get(text)
+        if ids is None:  # not a text the engine decoded (never, as the estimator grades): its tokens again
+            ids = self.trainer.processing_class(text, add_special_tokens=False)["input_ids"]
+        # as GRPOTrainer._generate decodes a completion (without a tokenizer's response schema)
+        conversational = is_conversational({"prompt": row["prompt"]})
+        completion = [{"role": "assistant", "content": text}] if conversational else text
+        columns = {k: [v] for k, v in row.items() if k not in ("prompt", "completion", "completion_ids")}
+        return self.fn(prompts=[row["prompt"]], completions=[completion], completion_ids=[ids],
+                       trainer_state=self.trainer.state, log_extra=_ignored, log_metric=_ignored, **columns)
 
 
 class CreditCallback(TrainerCallback):
-    def __init__(self, every: int = 10, sample: int = 8, ground_truth: str = "answer", grader=None,
-                 prefix: str = "credit/", **settings):
-        if every < 1 or sample < 1:
-            raise ValueError(f"CreditCallback: every ({every}) and sample ({sample}) must be at least 1")
+    """every: measure every N optimizer steps. sample: at most this many of a step's rollouts (None: all that fit
+    the budget). budget_share: credit's seconds at most this share of a step's own time (None: no budget);
+    budget_s: seconds instead. ground_truth: the dataset column of the answer, for a grader that is not a TRL
+    reward function (gsm8k, math, verl's compute_score). strict: a failure in credit stops training.
+    settings: those of replaylib.credit.tool.Settings (k, margin, max_cont_tokens, ...)."""
+
+    clock = staticmethod(time.perf_counter)
+
+    def __init__(self, every: int = 10, sample: int | None = None, ground_truth: str = "answer", grader=None,
+                 prefix: str = "credit/", strict: bool = False, budget_share: float | None = 0.1,
+                 budget_s: float | None = None, **settings):
+        if every < 1 or (sample is not None and sample < 1):
+            raise BadInput(f"CreditCallback: every ({every}) and sample ({sample}) must be at least 1")
+        for name, value in (("budget_share", budget_share), ("budget_s", budget_s)):
+            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise BadInput(f"CreditCallback: {name} {value!r}: give a number above 0 (budget_share: of the "
+                               f"step's time, 0.1 a tenth; budget_s: seconds), or None for no budget")
+        check_settings(settings)
         self.every, self.sample, self.ground_truth, self.grader = every, sample, ground_truth, grader
-        self.prefix, self.settings = prefix, settings
-        self.estimator, self.trainer, self.logged = None, None, {}
+        self.prefix, self.strict, self.settings = prefix, strict, settings
+        self.budget_share, self.budget_s = budget_share, budget_s
+        self.estimator, self.trainer, self.reward = None, None, None
+        self.measured: set = set()  # the steps credit ran at (a step's sampling may be called more than once)
+        self.pooled = Pooled()
+        self.warn = Once(lambda line: log.warning("warning: %s", line))
+        self.step_began = self.step_s = None  # when this step began; the last step's own seconds
+        self.spent = 0.0  # credit's seconds in this step
+        self.verdict = None
 
     def attach(self, trainer) -> "CreditCallback":
         """Wrap the trainer's sampling of a step and add this callback; returns it."""
@@ -39,50 +123,149 @@ class CreditCallback(TrainerCallback):
         sample_and_score = trainer._generate_and_score_completions
 
         def wrapped(inputs):
+            began = self.clock()
             out = sample_and_score(inputs)
             step = trainer.state.global_step + 1  # the optimizer step these rollouts are for
-            if trainer.model.training and (step - 1) % self.every == 0 and step not in self.logged:
-                self.logged[step] = self.measure(out, inputs)
-                for name, value in self.logged[step].items():
-                    trainer._metrics["train"][name].append(value)
+            if trainer.model.training and (step - 1) % self.every == 0 and step not in self.measured:
+                self.measured.add(step)
+                self.log(self.run(out, inputs, step, self.budget(self.clock() - began)))
             return out
 
         trainer._generate_and_score_completions = wrapped
         trainer.add_callback(self)
         return self
 
-    def batch(self, out: dict, inputs: list[dict]) -> dict:
-        """The first ``sample`` rollouts of a step as the estimator reads a TRL batch: its tensors, the dataset
-        columns of each row, and the sampled tokens' logprobs where TRL kept them."""
-        from .inputs import ALIASES
-        n = min(self.sample, len(inputs))
-        batch = {k: out[k][:n] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
-        for name in inputs[0]:
-            if name != "prompt":  # the other columns reach a TRL reward function as its keyword arguments
-                batch[name] = [row[name] for row in inputs[:n]]
-        truth = "ground_truth" if self.ground_truth not in ALIASES["ground_truth"] else self.ground_truth
-        batch[truth] = [str(row[self.ground_truth]) for row in inputs[:n]]
+    def budget(self, sampled_s: float) -> float | None:
+        """This step's seconds for credit: budget_s, or budget_share of the last step's own time (the first
+        step's: its sampling, most of a GRPO step)."""
+        if self.budget_s is not None or self.budget_share is None:
+            return self.budget_s
+        return self.budget_share * (self.step_s if self.step_s is not None else sampled_s)
+
+    def run(self, out: dict, inputs: list[dict], step: int, budget_s: float | None) -> dict:
+        """This step's credit metrics; a failure is one warning and credit/skipped (strict: raised)."""
+        started = self.clock()
+        try:
+            metrics = {**self.measure(out, inputs, step, budget_s), "skipped": 0.0}
+        except Exception as e:  # noqa: BLE001 - credit is a measurement: training goes on without it
+            if self.strict:
+                raise
+            text = " ".join(str(e).split())
+            self.warn(f"CreditCallback: no credit at this step, training goes on ({e.__class__.__name__}: "
+                      f"{text[:300]}); CreditCallback(strict=True) raises it")
+            metrics = {"skipped": 1.0}
+        self.spent = self.clock() - started
+        return {**metrics, "seconds": self.spent, "budget_s": budget_s}
+
+    def log(self, metrics: dict) -> None:
+        """Into the trainer's metrics of this step: numbers only (a logger takes no None, TensorBoard no NaN)."""
+        for name, value in metrics.items():
+            if value is not None and math.isfinite(value):
+                self.trainer._metrics["train"][f"{self.prefix}{name}"].append(float(value))
+
+    def start(self) -> None:
+        from .estimator import Estimator
+        from .grader_calls import kind_of
+        trainer = self.trainer
+        grader = self.grader or trainer.reward_funcs[0]
+        if callable(grader) and not isinstance(grader, str) and kind_of(grader) == "trl":
+            self.reward = grader = TrainerReward(grader, trainer)
+        settings = {"logprobs_temperature": float(trainer.args.temperature), **self.settings}
+        self.estimator = Estimator(model=trainer.accelerator.unwrap_model(trainer.model),
+                                   tokenizer=trainer.processing_class, grader=grader, **settings)
+        if self.reward is not None:  # the graded text's token ids, for the reward's completion_ids
+            engine = self.estimator.executor.engine
+            decode = engine.decode
+
+            def remembered(ids):
+                text = decode(ids)
+                self.reward.decoded[text] = list(ids)
+                return text
+
+            engine.decode = remembered
+
+    def batch(self, out: dict, inputs: list[dict], step: int) -> dict:
+        """A step's rollouts (the first ``sample``) as the estimator reads a TRL batch: its tensors, unique ids,
+        the sampled tokens' logprobs where TRL kept them, and what the grader reads: for a TRL reward the row's
+        number (it reads the row itself), else the answer column and the dataset's other columns."""
+        rows = inputs if self.sample is None else inputs[:self.sample]
+        n = len(rows)
+        batch = {k: out[k][:n] for k in TENSORS}
+        if self.reward is None:
+            for name in rows[0]:
+                if name not in ("prompt", "id"):  # the other columns reach a TRL-style grader as its arguments
+                    batch[name] = [row[name] for row in rows]
+            if self.ground_truth not in rows[0]:
+                raise BadInput(f"CreditCallback: the dataset has no column {self.ground_truth!r}; give "
+                               f"ground_truth= the column holding the reference answer")
+            truth = self.ground_truth if self.ground_truth in ALIASES["ground_truth"] else "ground_truth"
+            batch[truth] = [str(row[self.ground_truth]) for row in rows]
+        else:
+            self.reward.rows, self.reward.decoded = rows, {}
+            batch[ROW] = list(range(n))
+            # the reader wants a reference answer; a TRL reward reads the row's own columns instead
+            batch["ground_truth"] = [str(row.get(self.ground_truth, "")) or "-" for row in rows]
+        batch["id"] = rollout_ids(rows, step)
         logprobs = next((out[k] for k in TRL_LOGPROBS if out.get(k) is not None), None)
         if logprobs is not None:  # the sampled tokens' logprobs, at the trainer's temperature (the estimator's)
             batch["logprobs"] = logprobs[:n]
         return batch
 
-    def measure(self, out: dict, inputs: list[dict]) -> dict:
-        """The credit metrics of one step's sample, as floats (nan where a share has no pivot to count)."""
-        from .estimator import Estimator
-        started = time.perf_counter()
+    def measure(self, out: dict, inputs: list[dict], step: int, budget_s: float | None) -> dict:
+        """The credit metrics of one step (names without the prefix): the estimator's, and the pooled ones."""
         if self.estimator is None:
-            model = self.trainer.accelerator.unwrap_model(self.trainer.model)
-            grader = self.grader or self.trainer.reward_funcs[0]
-            settings = {"logprobs_temperature": float(self.trainer.args.temperature), **self.settings}
-            self.estimator = Estimator(model=model, tokenizer=self.trainer.processing_class, grader=grader,
-                                       **settings)
-        self.estimator(self.batch(out, inputs))
-        metrics = self.estimator.metrics(self.prefix)
-        metrics[f"{self.prefix}seconds"] = time.perf_counter() - started
-        return metrics
+            self.start()
+        frame = self.estimator(self.batch(out, inputs, step), budget_s=budget_s)
+        self.pooled.add(frame)
+        self.write_pivots(frame, step)
+        if self.pooled.verdict is not None and self.pooled.verdict.verdict != getattr(self.verdict, "verdict", None):
+            self.verdict = self.pooled.verdict
+            log.info(self.pooled.line())
+        found = {**self.estimator.metrics(""), **self.pooled.metrics("")}
+        found.pop("seconds"), found.pop("budget_s", None)  # the callback's own: all it spent, the whole budget
+        return found
+
+    def write_pivots(self, frame, step: int) -> None:
+        """Every pivot of the step as a row of <output_dir>/credit/pivots.jsonl: step, rollout id, prompt,
+        position, tokens, margin, A per pass with its interval, certificate (the graded continuations left
+        out)."""
+        if not len(frame):
+            return
+        index = self.trainer.accelerator.process_index
+        path = Path(self.trainer.args.output_dir) / "credit" / ("pivots.jsonl" if index == 0 else
+                                                                f"pivots.{index}.jsonl")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        kept = frame.drop(columns=[c for c in frame.columns if c == "line" or c.startswith(("continuations_",
+                                                                                                "grades_"))])
+        kept.insert(0, "step", step)
+        text = kept.to_json(orient="records", lines=True)
+        with open(path, "a") as f:
+            f.write(text if text.endswith("\n") else text + "\n")
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.step_began, self.spent = self.clock(), 0.0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        """The step's own seconds (credit's left out), the next budget's base; credit's share of them."""
+        if self.step_began is None:
+            return
+        own = self.clock() - self.step_began - self.spent
+        if own > 0:
+            self.step_s = own
+            if self.spent:
+                self.log({"share": self.spent / own})
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.estimator is not None:
             self.estimator.close()
             self.estimator = None
+
+
+def check_settings(settings: dict) -> None:
+    """The estimator's settings checked before training starts (BadInput: one line naming the setting)."""
+    known = {f.name for f in dataclasses.fields(Settings)} - {"model", "grader"} | {"max_batch_rows"}
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise BadInput(f"CreditCallback: unknown setting {unknown[0]!r}; give those of replaylib.credit.tool.Settings "
+                       f"(k, margin, max_pivots_per_rollout, max_cont_tokens, temperature, ...)")
+    Settings(model="-", grader="gsm8k", **{k: v for k, v in settings.items() if k != "max_batch_rows"}).check()

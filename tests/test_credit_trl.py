@@ -1,0 +1,241 @@
+"""Credit in a TRL training step (replaylib.credit.trl): it never stops training (a failure is one warning and
+credit/skipped; strict raises it), rewards get what GRPOTrainer gives them, GRPO's repeated rows get unique ids,
+a budget per step (a share of the last step's own time, from an injected clock here), the rates pooled over the
+run with their intervals and the statistics stage's verdict, nothing logged that is not a number, every pivot a
+row of <output_dir>/credit/pivots.jsonl; and the two examples on the CPU."""
+import json
+import logging
+import math
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from replaylib.analysis import claims, stats
+from replaylib.credit.calibration import Cost
+from replaylib.credit.inputs import BadInput
+from replaylib.credit.running import VERDICT_VALUE, Pooled, wilson
+from replaylib.credit.tool import Settings, records_of
+from replaylib.credit.trl import CreditCallback, rollout_ids
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "examples"))
+
+
+def test_grpo_s_repeated_rows_get_unique_ids_derived_from_the_row_s():
+    chat = [{"role": "user", "content": "What is 1 + 2?"}]
+    rows = [{"id": "problem-0", "prompt": chat}] * 3 + [{"id": "problem-1", "prompt": chat}] * 2
+    assert rollout_ids(rows, step=4) == ["problem-0#0", "problem-0#1", "problem-0#2", "problem-1#0", "problem-1#1"]
+    plain = [{"prompt": "a"}, {"prompt": "a"}, {"prompt": "b"}, {"prompt": "a"}]  # no id column
+    assert rollout_ids(plain, step=4) == ["step4-0#0", "step4-0#1", "step4-1#0", "step4-0#2"]
+
+
+def test_the_cost_fits_rollouts_to_a_budget_and_follows_what_the_groups_measured_took():
+    settings = Settings(model="m", grader="gsm8k", max_pivots_per_rollout=2)
+    # a fake calibration: no forcing cost, 1 s a pass per pivot; 3 passes x 2 pivots = 6 s a rollout
+    cost = Cost(settings, {"forced": (0.0, 0.0), "pass": (1.0, 0.0), "pivots": 1})
+    rollouts = [SimpleNamespace(prompt_ids=[1, p], response_ids=[5, 6, 7], positions=None) for p in (0, 0, 1, 1)]
+    assert cost.fitting(rollouts, 13.0) == 2 and cost.fitting(rollouts, 5.9) == 0 and cost.fitting(rollouts, 99) == 4
+    cost.update([rollouts[:2]], seconds=6.0)  # the group took half its estimate
+    assert cost.scale() == 0.5 and cost.fitting(rollouts, 13.0) == 4 and cost.basis() == "from the groups measured so far (1)"
+
+
+class FakeTrainer(SimpleNamespace):
+    """What the callback reads of a GRPOTrainer: its sampling method, state, model mode and metrics."""
+
+    def __init__(self, clock: list, sampling_s: float):
+        def sample_and_score(inputs):
+            clock[0] += sampling_s
+            return {}
+        super().__init__(state=SimpleNamespace(global_step=0), model=SimpleNamespace(training=True),
+                         _metrics={"train": defaultdict(list)}, _generate_and_score_completions=sample_and_score,
+                         add_callback=lambda callback: None)
+
+    def step(self, callback, rest_s: float, clock: list) -> None:
+        """One optimizer step: sampling (credit runs after it), then the rest of the step."""
+        callback.on_step_begin(None, self.state, None)
+        self._generate_and_score_completions([{"prompt": "p"}])
+        clock[0] += rest_s
+        self.state.global_step += 1
+        callback.on_step_end(None, self.state, None)
+
+
+def test_credit_s_budget_is_a_share_of_the_last_step_s_own_time_and_its_seconds_are_logged():
+    now = [100.0]
+    callback = CreditCallback(every=1, budget_share=0.1)
+    callback.clock = lambda: now[0]
+    budgets = []
+
+    def measure(out, inputs, step, budget_s):  # credit's work: 2 s
+        budgets.append(budget_s)
+        now[0] += 2.0
+        return {"pivots": 3.0}
+
+    callback.measure = measure
+    trainer = FakeTrainer(now, sampling_s=3.0)
+    callback.attach(trainer)
+    trainer.step(callback, rest_s=7.0, clock=now)  # 3 s sampling + 2 s credit + 7 s
+    trainer.step(callback, rest_s=17.0, clock=now)  # 3 + 2 + 17
+    trainer.step(callback, rest_s=7.0, clock=now)
+    # the first step: a tenth of its sampling; then of the last step's own time (credit's seconds left out)
+    assert budgets == pytest.approx([0.3, 1.0, 2.0])
+    logged = trainer._metrics["train"]
+    assert logged["credit/budget_s"] == pytest.approx([0.3, 1.0, 2.0])
+    assert logged["credit/seconds"] == pytest.approx([2.0] * 3)
+    assert logged["credit/share"] == pytest.approx([0.2, 0.1, 0.2]) and logged["credit/skipped"] == [0.0] * 3
+    assert CreditCallback(budget_s=5.0).budget(3.0) == 5.0 and CreditCallback(budget_share=None).budget(3.0) is None
+
+
+def test_a_failure_in_credit_is_one_warning_and_a_skipped_step_and_strict_raises_it(caplog):
+    now = [0.0]
+    callback = CreditCallback(every=1)
+    callback.clock = lambda: now[0]
+
+    def measure(out, inputs, step, budget_s):
+        raise KeyError(f"'answer' at step {step}")
+
+    callback.measure = measure
+    trainer = FakeTrainer(now, sampling_s=1.0)
+    callback.attach(trainer)
+    with caplog.at_level(logging.WARNING, logger="replaylib"):
+        for _ in range(3):
+            trainer.step(callback, rest_s=1.0, clock=now)
+    assert trainer.state.global_step == 3 and trainer._metrics["train"]["credit/skipped"] == [1.0] * 3
+    said = [r.getMessage() for r in caplog.records if "no credit at this step" in r.getMessage()]
+    assert len(said) == 1 and "KeyError" in said[0] and "strict=True" in said[0] and "\n" not in said[0]
+    strict = CreditCallback(every=1, strict=True)
+    strict.measure = measure
+    trainer = FakeTrainer(now, sampling_s=1.0)
+    strict.attach(trainer)
+    with pytest.raises(KeyError):
+        trainer.step(strict, rest_s=1.0, clock=now)
+
+
+def test_bad_settings_are_refused_before_training_in_one_line():
+    with pytest.raises(BadInput, match="unknown setting 'kk'"):
+        CreditCallback(kk=2)
+    with pytest.raises(BadInput, match="budget_share 0: give a number above 0"):
+        CreditCallback(budget_share=0)
+    with pytest.raises(BadInput, match="--k 0"):
+        CreditCallback(k=0)
+
+
+def pivot_frame(problems: range, refeed_flips: tuple = (1, 2), per_problem: int = 3) -> pd.DataFrame:
+    """Pivots as the estimator returns them: per problem, per_problem pivots where resume and the replica agree
+    (A 0.5) and re-feed's sign differs at refeed_flips[problem % their number] of them."""
+    rows = []
+    for p in problems:
+        for i in range(per_problem):
+            rows.append({"prompt": f"p{p}", "A_resume": 0.5, "A_replica": 0.5,
+                         "A_refeed": -0.5 if i < refeed_flips[p % len(refeed_flips)] else 0.5,
+                         "verified_resume": True, "verified_replica": True})
+    return pd.DataFrame(rows)
+
+
+def test_pooled_rates_have_wilson_intervals_and_the_statistics_stage_s_verdict():
+    assert wilson(0, 10)[1] == pytest.approx(0.2775, abs=1e-4)
+    assert wilson(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    pooled = Pooled()
+    assert pooled.metrics() == {"credit/pooled_common_pivots": 0.0}  # nothing else: no value, no metric
+    # 2 problems a step, 24 in all; the first step's re-feed differs little
+    steps = [pivot_frame(range(2), (0, 1))] + [pivot_frame(range(2 * i, 2 * i + 2)) for i in range(1, 12)]
+    pooled.add(steps[0])
+    assert pooled.verdict.verdict == "underpowered" and pooled.metrics()["credit/refeed_above_floor"] == 0.0
+    for frame in steps[1:]:
+        pooled.add(frame)
+    found = pooled.metrics()
+    assert found["credit/pooled_common_pivots"] == 72 and found["credit/pooled_problems"] == 24
+    assert found["credit/pooled_floor"] == 0.0 and found["credit/pooled_floor_hi"] == pytest.approx(wilson(0, 72)[1])
+    assert found["credit/pooled_refeed"] == pytest.approx(34 / 72)  # 0 + 1 flips, then 1 + 2 a step
+    assert (found["credit/pooled_refeed_lo"], found["credit/pooled_refeed_hi"]) == pytest.approx(wilson(34, 72))
+    judged = claims.excess_above_floor(stats.exclude_not_exact(records_of(pd.concat(steps)))[0])
+    assert pooled.verdict == judged and found["credit/refeed_above_floor"] == VERDICT_VALUE[judged.verdict]
+    assert judged.verdict == "holds"  # 24 problems: the run now has the power to say
+    assert all(isinstance(v, float) and math.isfinite(v) for v in found.values())
+
+
+def recording_reward(calls: list):
+    """A reward written for TRL's conversational data with an id column and integer answers, using TRL's extra
+    arguments; it records what each call got."""
+    def exact_answer(prompts, completions, answer, id, trainer_state, log_metric, log_extra, completion_ids,
+                     **kwargs):
+        calls.append({"n": len(completions), "completion": completions[0], "prompt": prompts[0], "answer": answer[0],
+                      "id": id[0], "step": trainer_state.global_step, "ids": completion_ids[0],
+                      "logs": callable(log_metric) and callable(log_extra)})
+        log_metric("reward/calls", 1.0)
+        return [float(str(gold) in c[0]["content"]) for c, gold in zip(completions, answer)]
+    return exact_answer
+
+
+def test_rewards_get_what_grpo_gives_them_and_credit_logs_numbers_pooled_and_per_pivot(tmp_path):
+    """A conversational reward reading completion[0]["content"], an id column (repeated by GRPO), integer
+    answers and TRL's trainer_state/log_metric/log_extra/completion_ids: two GRPO steps, credit measured at
+    each, the reward called by credit with the trainer's types; no None or NaN logged; every pivot a row of
+    pivots.jsonl."""
+    import trl_grpo_credit as example
+    calls = []
+    trainer = example.trainer_with_credit(recording_reward(calls), example.rows(typed=True), str(tmp_path))
+    trainer.train()
+    credit_calls = [c for c in calls if c["n"] == 1]  # the trainer's calls grade a step's 4 completions
+    assert credit_calls and len(credit_calls) < len(calls)
+    for call in calls:
+        assert isinstance(call["completion"], list) and call["completion"][0]["role"] == "assistant"
+        assert isinstance(call["prompt"], list) and call["prompt"][0]["role"] == "user"
+        assert type(call["answer"]) is int and call["id"].startswith("problem-") and "#" not in call["id"]
+        assert call["ids"] and all(type(t) is int for t in call["ids"]) and call["logs"]
+    assert {c["step"] for c in credit_calls} == {0, 1}
+    decode = trainer.processing_class.decode
+    assert all(decode(c["ids"], skip_special_tokens=True) == c["completion"][0]["content"] for c in credit_calls)
+    logged = [e for e in trainer.state.log_history if any(k.startswith("credit/") for k in e)]
+    assert [e["step"] for e in logged] == [1, 2]
+    for entry in logged:
+        values = {k: v for k, v in entry.items() if k.startswith("credit/")}
+        assert all(isinstance(v, float) and math.isfinite(v) for v in values.values()), values
+        assert values["credit/skipped"] == 0.0 and values["credit/pivots"] > 0
+        assert {"credit/pooled_common_pivots", "credit/seconds", "credit/share"} <= set(values)
+    pivots = [json.loads(line) for line in (tmp_path / "credit" / "pivots.jsonl").read_text().splitlines()]
+    assert len(pivots) == sum(e["credit/pivots"] for e in logged)
+    assert {p["step"] for p in pivots} == {1, 2} and all("#" in p["id"] for p in pivots)
+    assert {"prompt", "position", "A_resume", "A_replica", "A_refeed", "certificate"} <= set(pivots[0])
+    assert not any(k.startswith(("continuations_", "grades_")) for k in pivots[0])
+
+
+def test_a_grpo_run_whose_credit_fails_trains_on_with_one_warning(tmp_path, caplog):
+    """A grader that fails on every text credit grades: both GRPO steps train, each logs credit/skipped 1 and
+    nothing else of credit's but its seconds and budget; one warning."""
+    import trl_grpo_credit as example
+
+    def wrong_format(prompts, completions, answer, **kwargs):
+        return [float(a in c["content"]) for c, a in zip(completions, answer)]  # a list, not a message dict
+
+    trainer = example.trainer_with_credit(example.correct, example.rows(typed=False), str(tmp_path),
+                                          grader=wrong_format)
+    with caplog.at_level(logging.WARNING, logger="replaylib"):
+        trainer.train()
+    logged = [e for e in trainer.state.log_history if any(k.startswith("credit/") for k in e)]
+    assert trainer.state.global_step == 2 and [e["step"] for e in logged] == [1, 2]
+    for entry in logged:
+        assert {k for k in entry if k.startswith("credit/")} == {"credit/skipped", "credit/seconds",
+                                                                "credit/share"}
+        assert entry["credit/skipped"] == 1.0
+    said = [r.getMessage() for r in caplog.records if "no credit at this step" in r.getMessage()]
+    assert len(said) == 1 and "wrong_format" in said[0]
+
+
+@pytest.mark.parametrize("flags", [[], ["--typed-rows"]])
+def test_the_trl_examples_run_two_steps_with_credit_on_the_cpu(flags):
+    """examples/trl_grpo_credit.py, and its variant with an id column, integer answers and a conversational
+    reward using TRL's extra arguments: TRL's GRPOTrainer on the CPU, credit measured at both steps."""
+    done = subprocess.run([sys.executable, str(REPO / "examples" / "trl_grpo_credit.py"), *flags], cwd=REPO,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    logged = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [entry["step"] for entry in logged] == [1, 2]
+    for entry in logged:
+        assert entry["credit/skipped"] == 0 and entry["credit/pivots"] > 0 and entry["credit/seconds"] > 0
+        assert {"credit/certified", "credit/passes_agree", "credit/pooled_common_pivots"} <= set(entry)
+        assert None not in entry.values()
