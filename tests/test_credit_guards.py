@@ -46,6 +46,7 @@ def bad_line(tmp_path):
     (["--success-above", "nan"], "--success-above nan: give a finite number"),
     (["--margin", "inf"], "--margin inf; give a finite number"),
     (["--grader-timeout", "0"], "--grader-timeout 0: give a positive number of seconds"),
+    (["--grader-timeout", "1e300"], "--grader-timeout 1e+300: give at most 86400 seconds (a day)"),
     (["--executor", "ray", "--workers", "1000000"], "--workers 1000000; it must be at most 256"),
 ])
 def test_settings_out_of_the_runner_s_bounds_are_refused_before_a_model_loads(args, named, bad_line, tmp_path, capsys,
