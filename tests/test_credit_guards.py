@@ -175,6 +175,23 @@ def test_an_out_that_holds_a_user_s_files_or_is_a_file_is_refused(tmp_path, caps
     assert err.count("\n") == 2 and f"--out {path}: is a file, not a directory" in err, err
 
 
+def test_an_out_with_files_named_as_the_tool_s_outputs_but_not_its_marker_is_refused(tmp_path, capsys,
+                                                                                     tiny_model_dir):
+    path = write(tmp_path / "r.jsonl", [GOOD])
+    mine = tmp_path / "mine"
+    (mine / "shards").mkdir(parents=True)
+    files = {"summary.json": '{"my": "summary"}', "report.html": "<p>mine</p>", "shards/manifest.json": "{}"}
+    for name, text in files.items():
+        (mine / name).write_text(text)
+    argv = [str(path), "--model", tiny_model_dir, "--grader", "gsm8k", "--out", str(mine), *QUICK]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds files this tool did not write (report.html, shards, summary.json)" in err, err
+    assert sorted(str(p.relative_to(mine)) for p in mine.rglob("*")) == ["report.html", "shards", "shards/manifest.json",
+                                                                         "summary.json"]
+    assert all((mine / name).read_text() == text for name, text in files.items())
+
+
 def test_two_runs_on_one_out_cannot_run_at_once(tiny_engine, tiny_model_dir, tmp_path, capsys):
     path = write(tmp_path / "r.jsonl", sampled_rollouts(tiny_engine, n=1))
     out = tmp_path / "out"

@@ -16,13 +16,6 @@ from .inputs import BadInput
 
 MARKER = ".replaylib-credit"  # written first into every directory the tool writes to
 LOCK = ".lock"
-WRITTEN = {"credit.parquet", "summary.json", "timing.json", "report.html", "shards", MARKER, LOCK}
-
-
-def _ours(out: Path, names: set[str]) -> bool:
-    """A directory the tool made: its marker, or (written before the marker existed) nothing but the tool's
-    outputs beside its shards' manifest."""
-    return MARKER in names or (names <= WRITTEN and (out / "shards" / "manifest.json").is_file())
 
 
 def check_out(out) -> Path:
@@ -39,7 +32,7 @@ def check_out(out) -> Path:
         names = {p.name for p in out.iterdir() if not (p.name.startswith(".") and p.name.endswith(".tmp"))}
     except OSError as e:
         raise BadInput(f"--out {out}: cannot be read ({e.strerror or e}); give a directory you can write") from None
-    if names and not _ours(out, names):
+    if names and MARKER not in names:  # files named as the tool's outputs are not the tool's without its marker
         shown = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
         raise BadInput(f"--out {out}: holds files this tool did not write ({shown}); give a new or empty directory "
                        f"(the tool never writes over other files)")
@@ -80,9 +73,9 @@ def holding(out: Path):
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise BadInput(f"--out {out}: cannot be written ({e.strerror or e}); give a directory you can write") from None
+    if not (out / MARKER).exists():  # first: a directory holding anything of the tool's holds its marker
+        atomic_write_json(out / MARKER, {"written_by": "python -m replaylib.credit"})
     with _locked(out / LOCK) as fd:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"pid": os.getpid(), "started": time.time()}).encode(), 0)
-        if not (out / MARKER).exists():
-            atomic_write_json(out / MARKER, {"written_by": "python -m replaylib.credit"})
         yield out
