@@ -88,3 +88,23 @@ def test_a_trl_batch_graded_by_a_trl_reward_function_gives_a_columns(tiny_engine
     frame = pd.read_parquet(tmp_path / "out" / "credit.parquet")
     assert summary["pivots"] == len(frame) > 0 and {"A_resume", "A_replica", "A_refeed"} <= set(frame.columns)
     assert set(frame["id"]) == {"0", "1"}
+
+
+def test_a_function_grader_with_an_out_is_recorded_by_its_name_or_refused_in_one_line(tiny_engine, tiny_model_dir,
+                                                                                      tmp_path):
+    import importlib
+
+    from replaylib import credit
+    from replaylib.credit.inputs import BadInput
+    compute_score = importlib.import_module("tests.credit_grader").compute_score
+    rows = sampled_rollouts(tiny_engine, n=1)
+    frame = credit.estimate(rows, model=tiny_model_dir, grader=compute_score, out=tmp_path / "out",
+                            engine=tiny_engine, **FAST)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["settings"]["grader"] == "tests.credit_grader:compute_score" and summary["pivots"] == len(frame)
+    with pytest.raises(BadInput) as e:  # a lambda has no name to import it by
+        credit.estimate(rows, model=tiny_model_dir, grader=lambda *args: 1.0, out=tmp_path / "out2",
+                        engine=tiny_engine, **FAST)
+    assert str(e.value).startswith("grader <lambda>: a function written to an output directory must be importable "
+                                   "by its name") and "\n" not in str(e.value), e.value
+    assert not (tmp_path / "out2").exists()

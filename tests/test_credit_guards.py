@@ -245,3 +245,16 @@ def test_dialect_fields_that_agree_or_are_text_are_read():
     from replaylib.credit.inputs import parse_record
     trl = dict(GOOD, prompts="What is 3 + 4?", answer="7")  # TRL's text prompt beside its ids; answer agrees
     assert parse_record(trl, "f:1", 600).prompt_ids == GOOD["prompt_ids"]
+
+
+def test_a_run_that_fails_before_writing_leaves_its_out_as_it_found_it(tmp_path):
+    from replaylib.credit.outdir import holding
+    new, empty, used = tmp_path / "new", tmp_path / "empty", tmp_path / "used"
+    empty.mkdir()
+    with holding(used):
+        (used / "credit.parquet").write_bytes(b"rows")
+    before = sorted(os.listdir(used))
+    for out in (new, empty, used):
+        with pytest.raises(RuntimeError), holding(out):
+            raise RuntimeError("the engine did not start")
+    assert not new.exists() and os.listdir(empty) == [] and sorted(os.listdir(used)) == before

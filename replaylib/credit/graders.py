@@ -68,6 +68,22 @@ def load(spec: str):
     return fn
 
 
+def importable_name(fn) -> str:
+    """A grader given as a function, as the MODULE:FUNCTION it is imported by: the name a run's files record
+    and resume by, its code's file among what a shard records (as for --grader MODULE:FUNCTION); BadInput
+    when it cannot be imported by that name (a lambda, a nested function, one defined in __main__)."""
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    try:
+        found = module != "__main__" and getattr(importlib.import_module(module), name) is fn
+    except (Exception, SystemExit):  # noqa: BLE001 - not importable by its name, however it fails
+        found = False
+    if not found:
+        raise BadInput(f"grader {getattr(fn, '__name__', type(fn).__name__)}: a function written to an output directory must be "
+                       f"importable by its name (the directory records and resumes by it); define it at the top "
+                       f"of a module, give grader='MODULE:FUNCTION', or leave out out")
+    return f"{module}:{name}"
+
+
 def check_kind(kind: str) -> None:
     if kind not in ("auto", *KINDS):
         raise BadInput(f"--grader-kind {kind}: choose auto, {', '.join(KINDS)}")

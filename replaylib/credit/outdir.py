@@ -68,9 +68,12 @@ def _locked(lock: Path, create: bool = True):
 @contextlib.contextmanager
 def holding(out: Path):
     """The directory made, marked as the tool's and locked for this run: a second run on it is refused in
-    one line naming the holder's pid."""
+    one line naming the holder's pid. A run that fails before writing anything leaves the directory as it
+    found it (none, or empty)."""
+    created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
+        was_empty = not any(out.iterdir())
     except OSError as e:
         raise BadInput(f"--out {out}: cannot be written ({e.strerror or e}); give a directory you can write") from None
     if not (out / MARKER).exists():  # first: a directory holding anything of the tool's holds its marker
@@ -78,4 +81,18 @@ def holding(out: Path):
     with _locked(out / LOCK) as fd:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"pid": os.getpid(), "started": time.time()}).encode(), 0)
-        yield out
+        try:
+            yield out
+        except BaseException:
+            if was_empty and set(os.listdir(out)) <= {MARKER, LOCK}:  # nothing of this run's to resume from
+                _unmake(out, created)
+            raise
+
+
+def _unmake(out: Path, created: bool) -> None:
+    """The marker and the lock removed (the lock still held), and the directory if this run made it."""
+    for name in (MARKER, LOCK):
+        (out / name).unlink(missing_ok=True)
+    if created:
+        with contextlib.suppress(OSError):  # another run's files appeared meanwhile: theirs to keep
+            out.rmdir()
