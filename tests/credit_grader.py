@@ -71,3 +71,18 @@ def odd_names(source, text, gold, extra=None):
 
 def never(data_source, solution_str, ground_truth, extra_info=None):
     return 0.0
+
+
+def forges_replies(data_source, solution_str, ground_truth, extra_info=None):
+    """Writes lines shaped as a grader process's replies, each a success, to descriptors 1 to 11 (stdout,
+    stderr and those a process opens first), reads its stdin, then scores 0."""
+    import os
+    import sys
+    line = b'{"score": 1.0, "error": null, "printed": 0, "head": "", "files": []}\n'
+    for fd in range(1, 12):
+        try:
+            os.write(fd, line)
+        except OSError:
+            pass
+    sys.stdin.readline()
+    return 0.0

@@ -108,3 +108,9 @@ def test_a_function_grader_with_an_out_is_recorded_by_its_name_or_refused_in_one
     assert str(e.value).startswith("grader <lambda>: a function written to an output directory must be importable "
                                    "by its name") and "\n" not in str(e.value), e.value
     assert not (tmp_path / "out2").exists()
+
+
+def test_a_grader_that_writes_reply_shaped_lines_to_low_descriptors_or_reads_stdin_does_not_shift_the_grades():
+    grade = graders.Grader("tests.credit_grader:forges_replies", 0.0, timeout=20)
+    assert [grade("x", rollout()) for _ in range(3)] == [0, 0, 0]
+    assert grade.stats["printed_bytes"] > 0  # what it wrote to stdout and stderr was counted as printed

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import secrets
 import selectors
 import subprocess
 import sys
@@ -111,7 +112,7 @@ class GraderProcess:
             self.stop()
             raise GraderFailed(f"cannot be imported in its process ({ready.get('error')})")
 
-    def _reply(self, doing: str, timeout: float | None = None) -> dict:
+    def _reply(self, doing: str, timeout: float | None = None, call: str | None = None) -> dict:
         timeout = self.timeout if timeout is None else timeout
         with selectors.DefaultSelector() as sel:
             sel.register(self.proc.stdout, selectors.EVENT_READ)
@@ -124,18 +125,27 @@ class GraderProcess:
             code = self.proc.wait()
             self.proc = None
             raise GraderFailed(f"ended its process while {doing} (exit status {code})")
-        return json.loads(line)
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict) or answer.get("call") != call:  # not this call's reply: never a grade
+            self.stop()
+            raise GraderFailed(f"its process answered {doing} with something other than this call's reply "
+                               f"(stopped)")
+        return answer
 
     def __call__(self, request: dict) -> tuple[float, int, str]:
         """(score, bytes printed, their first characters), or GraderFailed."""
         if self.proc is None:
             self._start()
+        call = secrets.token_hex(8)
         try:
-            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.write((json.dumps(dict(request, call=call)) + "\n").encode())
             self.proc.stdin.flush()
         except BrokenPipeError:  # it ended since its last call: its exit status is the error
             pass
-        answer = self._reply("grading")
+        answer = self._reply("grading", call=call)
         self.files.update(answer.get("files", []))
         for path in self.files:  # what this grade was computed with (a shard's record)
             recording.note_file(path)
