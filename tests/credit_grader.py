@@ -86,3 +86,32 @@ def forges_replies(data_source, solution_str, ground_truth, extra_info=None):
             pass
     sys.stdin.readline()
     return 0.0
+
+
+RELEASE = __import__("threading").Event()  # set by a test to end waits_for_release's call
+
+
+def waits_for_release(data_source, solution_str, ground_truth, extra_info=None):
+    """Blocks a minute or until a test sets RELEASE (a grader past any small timeout)."""
+    RELEASE.wait(60)
+    return 1.0
+
+
+def exits_3(data_source, solution_str, ground_truth, extra_info=None):
+    import sys
+    sys.exit(3)
+
+
+def edits_its_arguments(data_source, solution_str, ground_truth, extra_info=None):
+    """Scores 1 only when extra_info is as the rollout gave it, then edits it as a careless grader would."""
+    fresh = extra_info == {"index": 4, "tags": ["a"]}
+    extra_info["index"] += 1
+    extra_info["tags"].append("seen")
+    return float(fresh)
+
+
+def trl_edits_its_columns(prompts, completions, difficulty, **kwargs):
+    """A TRL reward function scoring 1 only on the columns as given, then editing them."""
+    fresh = difficulty == [["hard"]]
+    difficulty[0].append("seen")
+    return [float(fresh)]

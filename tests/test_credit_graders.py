@@ -114,3 +114,40 @@ def test_a_grader_that_writes_reply_shaped_lines_to_low_descriptors_or_reads_std
     grade = graders.Grader("tests.credit_grader:forges_replies", 0.0, timeout=20)
     assert [grade("x", rollout()) for _ in range(3)] == [0, 0, 0]
     assert grade.stats["printed_bytes"] > 0  # what it wrote to stdout and stderr was counted as printed
+
+
+def test_an_in_process_grader_s_sys_exit_is_a_grader_failure_not_the_end_of_the_trainer(tiny_engine):
+    import importlib
+
+    from replaylib import credit
+    from replaylib.credit.inputs import BadInput
+    exits_3 = importlib.import_module("tests.credit_grader").exits_3
+    with pytest.raises(graders.GraderFailed, match=r"^--grader exits_3 called sys.exit\(3\)$"):
+        graders.Grader(exits_3, 0.0)("x", rollout())
+    with pytest.raises(BadInput, match=r"^batch:1: field 'ground_truth': --grader exits_3 called sys.exit\(3\)$"):
+        credit.estimate(sampled_rollouts(tiny_engine, n=1), grader=exits_3, engine=tiny_engine, **FAST)
+
+
+def test_an_in_process_grader_s_timeout_holds_and_a_call_still_running_blocks_the_next():
+    import importlib
+    module = importlib.import_module("tests.credit_grader")
+    grade = graders.Grader(module.waits_for_release, 0.0, timeout=0.5)
+    try:
+        with pytest.raises(graders.GraderFailed, match=r"^--grader waits_for_release took longer than 0.5 s grading "
+                                                       r"\(it runs on in a thread of this process"):
+            grade("x", rollout())
+        with pytest.raises(graders.GraderFailed, match="is still running a call that took longer than 0.5 s"):
+            grade("x", rollout())
+    finally:
+        module.RELEASE.set()
+
+
+def test_an_in_process_grader_gets_its_own_copy_of_the_row_each_call():
+    import importlib
+    module = importlib.import_module("tests.credit_grader")
+    r = rollout(extra_info={"index": 4, "tags": ["a"]}, difficulty=["hard"])
+    verl = graders.Grader(module.edits_its_arguments, 0.0)
+    assert [verl("x", r) for _ in range(3)] == [1, 1, 1]
+    trl = graders.Grader(module.trl_edits_its_columns, 0.0, decode=lambda ids: "")
+    assert [trl("7", r) for _ in range(3)] == [1, 1, 1]
+    assert r.extra_info == {"index": 4, "tags": ["a"]} and r.columns == {"difficulty": ["hard"]}

@@ -5,10 +5,11 @@ returning a number or a dict with ``score``; a TRL reward function ``(prompts, c
 returning a list of floats; an OpenRLHF-style ``reward_func(queries, prompts, labels)`` returning a
 tensor or list (or a dict with ``rewards``). Success is score > success_above.
 
-The built-in graders run in the tool's process. A user's runs in a process of its own
-(``grader_worker``), one call at a time: a call that takes longer than the timeout, ends its process
-(sys.exit included) or returns something that is not a finite score is an error naming the grader and
-the rollout; what it prints is counted, never shown."""
+The built-in graders run in the tool's process, and so does a function given from Python, on a thread per
+call so that the timeout holds (``grader_calls.call_in_process``). A user's MODULE:FUNCTION runs in a
+process of its own (``grader_worker``), one call at a time. A call that takes longer than the timeout,
+calls sys.exit, raises, ends its process or returns something that is not a finite score is an error
+naming the grader and the rollout; what a grader process prints is counted, never shown."""
 from __future__ import annotations
 
 import importlib
@@ -24,7 +25,8 @@ from pathlib import Path
 from ..core import recording
 from ..measure.data import gsm8k_gold
 from ..measure.grading import grade_gsm8k
-from .grader_calls import KINDS, GraderFailed, as_score, call_grader, describe_failure, kind_of  # noqa: F401
+from .grader_calls import KINDS, GraderFailed, as_score, call_grader, call_in_process, describe_failure, \
+    kind_of  # noqa: F401
 from .inputs import BadInput
 
 DEFAULT_TIMEOUT = 60.0  # seconds per call of a user's grader (--grader-timeout)
@@ -171,10 +173,10 @@ class Grader:
     def __init__(self, spec, success_above: float, timeout: float = DEFAULT_TIMEOUT, kind: str = "auto",
                  decode=None):
         """spec: gsm8k, math or MODULE:FUNCTION; or, from Python, the function itself (a trainer's reward
-        function), which is called in this process as the caller's own code is."""
+        function), which is called in this process (grader_calls.call_in_process)."""
         given = callable(spec) and not isinstance(spec, str)
         self.spec = getattr(spec, "__name__", type(spec).__name__) if given else spec
-        self.success_above, self.decode = success_above, decode
+        self.success_above, self.decode, self.given, self.timeout = success_above, decode, given, timeout
         self.fn = spec if given else load(spec)
         check_kind(kind)
         self.kind = "verl" if self.spec in BUILT_IN and not given else kind_of(self.fn) if kind == "auto" else kind
@@ -201,7 +203,9 @@ class Grader:
         request = self.request(text, rollout)
         started = time.perf_counter()
         try:
-            if self.process is None:
+            if self.given:
+                score = call_in_process(self.fn, self.kind, request, self.timeout)
+            elif self.process is None:
                 score = call_grader(self.fn, self.kind, request)
             else:
                 score, printed, head = self.process(request)
@@ -209,7 +213,7 @@ class Grader:
                 self.stats["printed_head"] = self.stats["printed_head"] or head
         except GraderFailed as e:
             raise GraderFailed(f"--grader {self.spec} {e}") from None
-        except Exception as e:  # noqa: BLE001 - a built-in grader failing on odd text is reported the same way
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - an in-process grader's failure, sys.exit included
             raise GraderFailed(f"--grader {self.spec} {describe_failure(e)}") from None
         finally:
             self.stats["calls"] += 1
