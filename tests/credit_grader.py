@@ -115,3 +115,11 @@ def trl_edits_its_columns(prompts, completions, difficulty, **kwargs):
     fresh = difficulty == [["hard"]]
     difficulty[0].append("seen")
     return [float(fresh)]
+
+
+def sets_an_alarm_handler(data_source, solution_str, ground_truth, extra_info=None):
+    """Installs a SIGALRM handler and puts the old one back, as math-verify's timeouts do (only the main
+    thread may)."""
+    import signal
+    signal.signal(signal.SIGALRM, signal.signal(signal.SIGALRM, signal.SIG_IGN))
+    return 1.0

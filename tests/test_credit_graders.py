@@ -151,3 +151,9 @@ def test_an_in_process_grader_gets_its_own_copy_of_the_row_each_call():
     trl = graders.Grader(module.trl_edits_its_columns, 0.0, decode=lambda ids: "")
     assert [trl("7", r) for _ in range(3)] == [1, 1, 1]
     assert r.extra_info == {"index": 4, "tags": ["a"]} and r.columns == {"difficulty": ["hard"]}
+
+
+def test_an_in_process_grader_that_installs_signal_handlers_is_called_in_the_caller_s_thread():
+    import importlib
+    grade = graders.Grader(importlib.import_module("tests.credit_grader").sets_an_alarm_handler, 0.0)
+    assert [grade("x", rollout()) for _ in range(2)] == [1, 1]
