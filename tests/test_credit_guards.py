@@ -258,3 +258,17 @@ def test_a_run_that_fails_before_writing_leaves_its_out_as_it_found_it(tmp_path)
         with pytest.raises(RuntimeError), holding(out):
             raise RuntimeError("the engine did not start")
     assert not new.exists() and os.listdir(empty) == [] and sorted(os.listdir(used)) == before
+
+
+def test_an_estimator_used_after_close_says_so_in_one_line(tiny_engine):
+    from test_credit import FAST
+
+    from replaylib.credit.estimator import Estimator
+    from replaylib.credit.inputs import BadInput
+    rows = sampled_rollouts(tiny_engine, n=1)
+    estimator = Estimator(engine=tiny_engine, grader="gsm8k", **FAST)
+    assert len(estimator(rows)) > 0
+    estimator.close()
+    estimator.close()  # twice is no error
+    with pytest.raises(BadInput, match=r"^this Estimator was closed; make a new one$"):
+        estimator(rows)

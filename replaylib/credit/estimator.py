@@ -25,6 +25,16 @@ from .tool import GivenEngine, Settings, compute_groups, context_of, describe, m
 CERTIFIED = ("bit-exact", "within arithmetic")
 
 
+class Closed:
+    """The engine of an Estimator that was closed: any use of it is one line."""
+
+    def __getattr__(self, name):
+        raise BadInput("this Estimator was closed; make a new one")
+
+    def close(self) -> None:
+        pass
+
+
 class Estimator:
     """Counterfactual credit of a trainer's rollouts, batch after batch, on one engine.
 
@@ -114,10 +124,10 @@ class Estimator:
         return {f"{prefix}{k}": float(v) for k, v in found.items()}
 
     def close(self) -> None:
-        """Stop the engine this estimator loaded (a model or LLM given to it stays as it was)."""
-        if self.executor is not None:
-            self.executor.close()
-            self.executor = None
+        """Stop the engine this estimator loaded (a model or LLM given to it stays as it was); a call after
+        this is one line."""
+        self.executor.close()
+        self.executor = Closed()
 
     def __enter__(self) -> "Estimator":
         return self
