@@ -101,6 +101,7 @@ def test_an_all_zero_mask_or_a_1d_token_column_names_the_column_and_the_row():
     with pytest.raises(BadInput, match=r"^batch:1: field 'attention_mask' is 0 at every one of the prompt's 2 tokens"):
         read_input(proto, VOCAB)
     flat = dict(trl_batch(), completion_ids=torch.tensor([10, 11]))  # one completion, not given as a row
-    with pytest.raises(BadInput, match=r"^batch:1: column 'completion_ids' is 1-D \(2 token ids in all\), not rows x "
-                                       r"tokens; give a 2-D tensor, one row per rollout \(ids\[None\] for a single row\)"):
+    with pytest.raises(BadInput, match=r"^batch:1: column 'completion_ids' is 1-D \(2 token ids in all\), not rows "
+                                       r"x tokens; give a 2-D tensor, one row per rollout \(ids\[None\] for a single "
+                                       r"row\)"):
         read_input(flat, VOCAB)

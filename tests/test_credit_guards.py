@@ -186,9 +186,10 @@ def test_an_out_with_files_named_as_the_tool_s_outputs_but_not_its_marker_is_ref
     argv = [str(path), "--model", tiny_model_dir, "--grader", "gsm8k", "--out", str(mine), *QUICK]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "holds files this tool did not write (report.html, shards, summary.json)" in err, err
-    assert sorted(str(p.relative_to(mine)) for p in mine.rglob("*")) == ["report.html", "shards", "shards/manifest.json",
-                                                                         "summary.json"]
+    assert err.count("\n") == 1, err
+    assert "holds files this tool did not write (report.html, shards, summary.json)" in err, err
+    assert sorted(str(p.relative_to(mine)) for p in mine.rglob("*")) == [
+        "report.html", "shards", "shards/manifest.json", "summary.json"]
     assert all((mine / name).read_text() == text for name, text in files.items())
 
 

@@ -1,12 +1,13 @@
-"""A user's grader in a process of its own (python -m replaylib.credit.grader_worker MODULE:FUNCTION KIND):
-one JSON request a line on the pipe that was stdin, one JSON reply a line on the pipe that was stdout, each
+"""A user's grader in a process of its own (python -m replaylib.credit.grader_worker MODULE:FUNCTION KIND): one
+JSON request a line on the pipe that was stdin, one JSON reply a line on the pipe that was stdout, each
 reply carrying its request's ``call`` (a nonce). Both pipes are moved to descriptors far above those a
-grader opens and closed in any process it starts, so that its code cannot read a request or write a reply
-by accident (a stale descriptor, a hard-coded 3); its stdin is /dev/null. What the grader prints, to either
-stream or from C code, goes to a file the worker counts and empties after each call, so it never reaches
-the terminal; sys.exit inside it is a reply, not the end of the run; the process ends with its parent. Each reply lists the files the grader's code came from and the files it read (``files``: its module,
-what it imports outside the interpreter's own library, its data), so that a change to any of them
-recomputes the grades made with them (replaylib.core.recording)."""
+grader opens and closed in any process it starts, so that its code cannot read a request or write a reply by
+accident (a stale descriptor, a hard-coded 3); its stdin is /dev/null. What the grader prints, to either
+stream or from C code, goes to a file the worker counts and empties after each call, so it never reaches the
+terminal; sys.exit inside it is a reply, not the end of the run; the process ends with its parent. Each
+reply lists the files the grader's code came from and the files it read (``files``: its module, what it
+imports outside the interpreter's own library, its data), so that a change to any of them recomputes the
+grades made with them (replaylib.core.recording)."""
 from __future__ import annotations
 
 import fcntl

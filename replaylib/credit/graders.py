@@ -81,9 +81,10 @@ def importable_name(fn) -> str:
     except (Exception, SystemExit):  # noqa: BLE001 - not importable by its name, however it fails
         found = False
     if not found:
-        raise BadInput(f"grader {getattr(fn, '__name__', type(fn).__name__)}: a function written to an output directory must be "
-                       f"importable by its name (the directory records and resumes by it); define it at the top "
-                       f"of a module, give grader='MODULE:FUNCTION', or leave out out")
+        shown = getattr(fn, "__name__", type(fn).__name__)
+        raise BadInput(f"grader {shown}: a function written to an output directory must be importable by its name "
+                       f"(the directory records and resumes by it); define it at the top of a module, give "
+                       f"grader='MODULE:FUNCTION', or leave out out")
     return f"{module}:{name}"
 
 
