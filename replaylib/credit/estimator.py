@@ -25,16 +25,6 @@ from .tool import GivenEngine, Settings, compute_groups, context_of, describe, m
 CERTIFIED = ("bit-exact", "within arithmetic")
 
 
-class Closed:
-    """The engine of an Estimator that was closed: any use of it is one line."""
-
-    def __getattr__(self, name):
-        raise BadInput("this Estimator was closed; make a new one")
-
-    def close(self) -> None:
-        pass
-
-
 class Estimator:
     """Counterfactual credit of a trainer's rollouts, batch after batch, on one engine.
 
@@ -134,3 +124,13 @@ class Estimator:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class Closed:
+    """The engine of an Estimator that was closed: any use of it is one line."""
+
+    def __getattr__(self, name):
+        raise BadInput("this Estimator was closed; make a new one")
+
+    def close(self) -> None:
+        pass
