@@ -71,3 +71,55 @@ def odd_names(source, text, gold, extra=None):
 
 def never(data_source, solution_str, ground_truth, extra_info=None):
     return 0.0
+
+
+def forges_replies(data_source, solution_str, ground_truth, extra_info=None):
+    """Writes lines shaped as a grader process's replies, each a success, to descriptors 1 to 11 (stdout,
+    stderr and those a process opens first), reads its stdin, then scores 0."""
+    import os
+    import sys
+    line = b'{"score": 1.0, "error": null, "printed": 0, "head": "", "files": []}\n'
+    for fd in range(1, 12):
+        try:
+            os.write(fd, line)
+        except OSError:
+            pass
+    sys.stdin.readline()
+    return 0.0
+
+
+RELEASE = __import__("threading").Event()  # set by a test to end waits_for_release's call
+
+
+def waits_for_release(data_source, solution_str, ground_truth, extra_info=None):
+    """Blocks a minute or until a test sets RELEASE (a grader past any small timeout)."""
+    RELEASE.wait(60)
+    return 1.0
+
+
+def exits_3(data_source, solution_str, ground_truth, extra_info=None):
+    import sys
+    sys.exit(3)
+
+
+def edits_its_arguments(data_source, solution_str, ground_truth, extra_info=None):
+    """Scores 1 only when extra_info is as the rollout gave it, then edits it as a careless grader would."""
+    fresh = extra_info == {"index": 4, "tags": ["a"]}
+    extra_info["index"] += 1
+    extra_info["tags"].append("seen")
+    return float(fresh)
+
+
+def trl_edits_its_columns(prompts, completions, difficulty, **kwargs):
+    """A TRL reward function scoring 1 only on the columns as given, then editing them."""
+    fresh = difficulty == [["hard"]]
+    difficulty[0].append("seen")
+    return [float(fresh)]
+
+
+def sets_an_alarm_handler(data_source, solution_str, ground_truth, extra_info=None):
+    """Installs a SIGALRM handler and puts the old one back, as math-verify's timeouts do (only the main
+    thread may)."""
+    import signal
+    signal.signal(signal.SIGALRM, signal.signal(signal.SIGALRM, signal.SIG_IGN))
+    return 1.0

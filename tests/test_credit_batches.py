@@ -68,3 +68,40 @@ def test_a_list_of_dicts_with_tensor_values_and_bad_rows_named():
         rollout_dicts(short)
     with pytest.raises(BadInput, match="give a JSONL path, a list of rollout dicts"):
         read_input(42, VOCAB)
+
+
+def verl_proto(**tensors):
+    return SimpleNamespace(batch=TensorDictLike(**tensors), non_tensor_batch={
+        "reward_model": np.array([{"ground_truth": "72"}, {"ground_truth": "18"}], dtype=object)})
+
+
+@pytest.mark.parametrize("batch, named", [
+    (verl_proto(prompts=torch.tensor([[PAD, 5, 6], [7, 8, 9]]), responses=torch.tensor([[10, PAD], [11, 12]])),
+     "batch: column 'prompts' is a padded 2-D batch without 'attention_mask', so its padding would be read as "
+     "tokens; give 'attention_mask'"),
+    ({k: v for k, v in trl_batch().items() if k != "completion_mask"},
+     "batch: column 'completion_ids' is a padded 2-D batch without 'completion_mask', so its padding would be read "
+     "as tokens; give 'completion_mask'"),
+    ({k: v for k, v in trl_batch(np.array).items() if k != "prompt_mask"},
+     "batch: column 'prompt_ids' is a padded 2-D batch without 'prompt_mask'"),
+])
+def test_a_padded_batch_without_its_masks_is_refused_not_read_with_its_padding(batch, named):
+    with pytest.raises(BadInput) as e:
+        read_input(batch, VOCAB)
+    assert str(e.value).startswith(named) and "\n" not in str(e.value), e.value
+
+
+def test_an_all_zero_mask_or_a_1d_token_column_names_the_column_and_the_row():
+    zero = dict(trl_batch(), completion_mask=torch.tensor([[1, 1, 0], [0, 0, 0]]))
+    with pytest.raises(BadInput, match=r"^batch:2: field 'completion_mask' is 0 at every one of the response's 3 "
+                                       r"tokens, leaving no response; leave the rollout out or fix its mask$"):
+        read_input(zero, VOCAB)
+    proto = verl_proto(prompts=torch.tensor([[5, 6], [7, 8]]), responses=torch.tensor([[10, 11], [12, 13]]),
+                       attention_mask=torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]]))
+    with pytest.raises(BadInput, match=r"^batch:1: field 'attention_mask' is 0 at every one of the prompt's 2 tokens"):
+        read_input(proto, VOCAB)
+    flat = dict(trl_batch(), completion_ids=torch.tensor([10, 11]))  # one completion, not given as a row
+    with pytest.raises(BadInput, match=r"^batch:1: column 'completion_ids' is 1-D \(2 token ids in all\), not rows "
+                                       r"x tokens; give a 2-D tensor, one row per rollout \(ids\[None\] for a single "
+                                       r"row\)"):
+        read_input(flat, VOCAB)

@@ -88,3 +88,72 @@ def test_a_trl_batch_graded_by_a_trl_reward_function_gives_a_columns(tiny_engine
     frame = pd.read_parquet(tmp_path / "out" / "credit.parquet")
     assert summary["pivots"] == len(frame) > 0 and {"A_resume", "A_replica", "A_refeed"} <= set(frame.columns)
     assert set(frame["id"]) == {"0", "1"}
+
+
+def test_a_function_grader_with_an_out_is_recorded_by_its_name_or_refused_in_one_line(tiny_engine, tiny_model_dir,
+                                                                                      tmp_path):
+    import importlib
+
+    from replaylib import credit
+    from replaylib.credit.inputs import BadInput
+    compute_score = importlib.import_module("tests.credit_grader").compute_score
+    rows = sampled_rollouts(tiny_engine, n=1)
+    frame = credit.estimate(rows, model=tiny_model_dir, grader=compute_score, out=tmp_path / "out",
+                            engine=tiny_engine, **FAST)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["settings"]["grader"] == "tests.credit_grader:compute_score" and summary["pivots"] == len(frame)
+    with pytest.raises(BadInput) as e:  # a lambda has no name to import it by
+        credit.estimate(rows, model=tiny_model_dir, grader=lambda *args: 1.0, out=tmp_path / "out2",
+                        engine=tiny_engine, **FAST)
+    assert str(e.value).startswith("grader <lambda>: a function written to an output directory must be importable "
+                                   "by its name") and "\n" not in str(e.value), e.value
+    assert not (tmp_path / "out2").exists()
+
+
+def test_a_grader_that_writes_reply_shaped_lines_to_low_descriptors_or_reads_stdin_does_not_shift_the_grades():
+    grade = graders.Grader("tests.credit_grader:forges_replies", 0.0, timeout=20)
+    assert [grade("x", rollout()) for _ in range(3)] == [0, 0, 0]
+    assert grade.stats["printed_bytes"] > 0  # what it wrote to stdout and stderr was counted as printed
+
+
+def test_an_in_process_grader_s_sys_exit_is_a_grader_failure_not_the_end_of_the_trainer(tiny_engine):
+    import importlib
+
+    from replaylib import credit
+    from replaylib.credit.inputs import BadInput
+    exits_3 = importlib.import_module("tests.credit_grader").exits_3
+    with pytest.raises(graders.GraderFailed, match=r"^--grader exits_3 called sys.exit\(3\)$"):
+        graders.Grader(exits_3, 0.0)("x", rollout())
+    with pytest.raises(BadInput, match=r"^batch:1: field 'ground_truth': --grader exits_3 called sys.exit\(3\)$"):
+        credit.estimate(sampled_rollouts(tiny_engine, n=1), grader=exits_3, engine=tiny_engine, **FAST)
+
+
+def test_an_in_process_grader_s_timeout_holds_and_a_call_still_running_blocks_the_next():
+    import importlib
+    module = importlib.import_module("tests.credit_grader")
+    grade = graders.Grader(module.waits_for_release, 0.0, timeout=0.5)
+    try:
+        with pytest.raises(graders.GraderFailed, match=r"^--grader waits_for_release took longer than 0.5 s grading "
+                                                       r"\(it runs on in a thread of this process"):
+            grade("x", rollout())
+        with pytest.raises(graders.GraderFailed, match="is still running a call that took longer than 0.5 s"):
+            grade("x", rollout())
+    finally:
+        module.RELEASE.set()
+
+
+def test_an_in_process_grader_gets_its_own_copy_of_the_row_each_call():
+    import importlib
+    module = importlib.import_module("tests.credit_grader")
+    r = rollout(extra_info={"index": 4, "tags": ["a"]}, difficulty=["hard"])
+    verl = graders.Grader(module.edits_its_arguments, 0.0)
+    assert [verl("x", r) for _ in range(3)] == [1, 1, 1]
+    trl = graders.Grader(module.trl_edits_its_columns, 0.0, decode=lambda ids: "")
+    assert [trl("7", r) for _ in range(3)] == [1, 1, 1]
+    assert r.extra_info == {"index": 4, "tags": ["a"]} and r.columns == {"difficulty": ["hard"]}
+
+
+def test_an_in_process_grader_that_installs_signal_handlers_is_called_in_the_caller_s_thread():
+    import importlib
+    grade = graders.Grader(importlib.import_module("tests.credit_grader").sets_an_alarm_handler, 0.0)
+    assert [grade("x", rollout()) for _ in range(2)] == [1, 1]

@@ -46,6 +46,7 @@ def bad_line(tmp_path):
     (["--success-above", "nan"], "--success-above nan: give a finite number"),
     (["--margin", "inf"], "--margin inf; give a finite number"),
     (["--grader-timeout", "0"], "--grader-timeout 0: give a positive number of seconds"),
+    (["--grader-timeout", "1e300"], "--grader-timeout 1e+300: give at most 86400 seconds (a day)"),
     (["--executor", "ray", "--workers", "1000000"], "--workers 1000000; it must be at most 256"),
 ])
 def test_settings_out_of_the_runner_s_bounds_are_refused_before_a_model_loads(args, named, bad_line, tmp_path, capsys,
@@ -174,6 +175,24 @@ def test_an_out_that_holds_a_user_s_files_or_is_a_file_is_refused(tmp_path, caps
     assert err.count("\n") == 2 and f"--out {path}: is a file, not a directory" in err, err
 
 
+def test_an_out_with_files_named_as_the_tool_s_outputs_but_not_its_marker_is_refused(tmp_path, capsys,
+                                                                                     tiny_model_dir):
+    path = write(tmp_path / "r.jsonl", [GOOD])
+    mine = tmp_path / "mine"
+    (mine / "shards").mkdir(parents=True)
+    files = {"summary.json": '{"my": "summary"}', "report.html": "<p>mine</p>", "shards/manifest.json": "{}"}
+    for name, text in files.items():
+        (mine / name).write_text(text)
+    argv = [str(path), "--model", tiny_model_dir, "--grader", "gsm8k", "--out", str(mine), *QUICK]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "holds files this tool did not write (report.html, shards, summary.json)" in err, err
+    assert sorted(str(p.relative_to(mine)) for p in mine.rglob("*")) == [
+        "report.html", "shards", "shards/manifest.json", "summary.json"]
+    assert all((mine / name).read_text() == text for name, text in files.items())
+
+
 def test_two_runs_on_one_out_cannot_run_at_once(tiny_engine, tiny_model_dir, tmp_path, capsys):
     path = write(tmp_path / "r.jsonl", sampled_rollouts(tiny_engine, n=1))
     out = tmp_path / "out"
@@ -227,3 +246,30 @@ def test_dialect_fields_that_agree_or_are_text_are_read():
     from replaylib.credit.inputs import parse_record
     trl = dict(GOOD, prompts="What is 3 + 4?", answer="7")  # TRL's text prompt beside its ids; answer agrees
     assert parse_record(trl, "f:1", 600).prompt_ids == GOOD["prompt_ids"]
+
+
+def test_a_run_that_fails_before_writing_leaves_its_out_as_it_found_it(tmp_path):
+    from replaylib.credit.outdir import holding
+    new, empty, used = tmp_path / "new", tmp_path / "empty", tmp_path / "used"
+    empty.mkdir()
+    with holding(used):
+        (used / "credit.parquet").write_bytes(b"rows")
+    before = sorted(os.listdir(used))
+    for out in (new, empty, used):
+        with pytest.raises(RuntimeError), holding(out):
+            raise RuntimeError("the engine did not start")
+    assert not new.exists() and os.listdir(empty) == [] and sorted(os.listdir(used)) == before
+
+
+def test_an_estimator_used_after_close_says_so_in_one_line(tiny_engine):
+    from test_credit import FAST
+
+    from replaylib.credit.estimator import Estimator
+    from replaylib.credit.inputs import BadInput
+    rows = sampled_rollouts(tiny_engine, n=1)
+    estimator = Estimator(engine=tiny_engine, grader="gsm8k", **FAST)
+    assert len(estimator(rows)) > 0
+    estimator.close()
+    estimator.close()  # twice is no error
+    with pytest.raises(BadInput, match=r"^this Estimator was closed; make a new one$"):
+        estimator(rows)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .inputs import BadInput, Rollout, collect, read_rollouts
+from .inputs import ALIASES, BadInput, Rollout, collect, read_rollouts
 
 # verl's DataProto tensors that the tool reads; its others (input_ids, position_ids, old_log_probs, ...) are
 # derived from these or the trainer's own, and are left out
@@ -31,6 +31,23 @@ def plain(value):
     if hasattr(value, "item") and not isinstance(value, (str, bytes, int, float, bool)):
         return value.item()
     return value
+
+
+def _check_token_columns(columns: dict, verl: bool) -> None:
+    """Token ids as rows x tokens, with the masks that tell a padded batch's padding from its tokens: a 2-D
+    tensor or array has rows of one width, so without its mask its padding would be read as tokens."""
+    shapes = {n: getattr(columns.get(n), "shape", None) for n in ALIASES["prompt_ids"] + ALIASES["response_ids"]}
+    for name, shape in shapes.items():  # (a 1-D array of objects holds a list of ids per row)
+        if shape is not None and len(shape) == 1 and str(getattr(columns[name], "dtype", "")) != "object":
+            raise BadInput(f"batch:1: column '{name}' is 1-D ({shape[0]} token ids in all), not rows x tokens; give "
+                           f"a 2-D tensor, one row per rollout (ids[None] for a single row), with its mask")
+    for names, own_mask in ((ALIASES["prompt_ids"], "prompt_mask"), (ALIASES["response_ids"], "completion_mask")):
+        for name in names:
+            if shapes[name] is not None and len(shapes[name]) == 2 and "attention_mask" not in columns \
+                    and (verl or own_mask not in columns):
+                mask, over = ("attention_mask", "prompts + responses") if verl else (own_mask, name)
+                raise BadInput(f"batch: column '{name}' is a padded 2-D batch without '{mask}', so its padding would "
+                               f"be read as tokens; give '{mask}' (1 per token, 0 per pad, over {over})")
 
 
 def _rows_of(columns: dict, source: str) -> list[dict]:
@@ -74,9 +91,12 @@ def rollout_dicts(batch) -> list[dict]:
             raise BadInput("batch: a DataProto without tensors; give one with prompts, responses and attention_mask")
         columns = {k: tensors[k] for k in VERL_TENSORS if k in tensors.keys()}
         columns.update(dict(batch.non_tensor_batch or {}))
+        _check_token_columns(columns, verl=True)
         return _with_ids(_rows_of(columns, "batch"))
     if hasattr(batch, "keys") and hasattr(batch, "__getitem__"):  # a mapping of columns (TRL's batch)
-        return _with_ids(_rows_of({k: batch[k] for k in batch.keys()}, "batch"))
+        columns = {k: batch[k] for k in batch.keys()}
+        _check_token_columns(columns, verl=False)
+        return _with_ids(_rows_of(columns, "batch"))
     if isinstance(batch, (list, tuple)):
         return [plain(row) if isinstance(row, dict) else row for row in batch]
     raise BadInput(f"batch: a {type(batch).__name__}; give a JSONL path, a list of rollout dicts, a mapping of "

@@ -17,6 +17,7 @@ BOUNDED = {"k": "k", "max_cont_tokens": "max_cont_tokens", "probe_tokens": "prob
            "max_model_len": "max_model_len"}
 # no runner parameter has them: finite, the timeout positive, the logprobs' temperature a sampling one
 FINITE = ("success_above", "grader_timeout", "logprobs_temperature")
+MAX_GRADER_TIMEOUT = 86400.0  # seconds: a day per call
 TOKEN_BOUND = next(f.metadata["hi"] for f in dataclasses.fields(schema.Params) if f.name == "max_trunk_tokens")
 
 
@@ -41,6 +42,9 @@ def check_bounds(settings) -> None:
             raise BadInput(f"{flag(name)} {value!r}: give a finite number")
     if settings.grader_timeout <= 0:
         raise BadInput(f"--grader-timeout {settings.grader_timeout:g}: give a positive number of seconds")
+    if settings.grader_timeout > MAX_GRADER_TIMEOUT:  # past what a wait on a process or thread can take
+        raise BadInput(f"--grader-timeout {settings.grader_timeout:g}: give at most {MAX_GRADER_TIMEOUT:g} seconds "
+                       f"(a day)")
     if settings.logprobs_temperature < schema.MIN_TEMPERATURE:
         raise BadInput(f"--logprobs-temperature {settings.logprobs_temperature:g}: give the temperature the "
                        f"logprobs were sampled at, at least {schema.MIN_TEMPERATURE:g} (greedy decoding keeps no "

@@ -58,7 +58,8 @@ def credit_parser() -> argparse.ArgumentParser:
     ap.add_argument("--logprobs-temperature", type=float, default=1.0,
                     help="the temperature the rollouts' per-position logprobs were taken at (log softmax(logits/T))")
     ap.add_argument("--grader-timeout", type=float, default=DEFAULT_TIMEOUT,
-                    help=f"seconds a call of a MODULE:FUNCTION grader may take ({DEFAULT_TIMEOUT:g})")
+                    help=f"seconds a call of a MODULE:FUNCTION grader may take ({DEFAULT_TIMEOUT:g}; at most "
+                         f"86400)")
     return ap
 
 

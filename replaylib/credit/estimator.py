@@ -168,13 +168,23 @@ class Estimator:
         return {f"{prefix}{k}": float(v) for k, v in found.items() if v is not None}
 
     def close(self) -> None:
-        """Stop the engine this estimator loaded (a model or LLM given to it stays as it was)."""
-        if self.executor is not None:
-            self.executor.close()
-            self.executor = None
+        """Stop the engine this estimator loaded (a model or LLM given to it stays as it was); a call after
+        this is one line."""
+        self.executor.close()
+        self.executor = Closed()
 
     def __enter__(self) -> "Estimator":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class Closed:
+    """The engine of an Estimator that was closed: any use of it is one line."""
+
+    def __getattr__(self, name):
+        raise BadInput("this Estimator was closed; make a new one")
+
+    def close(self) -> None:
+        pass

@@ -1,9 +1,12 @@
-"""How a grader is called, in the tool's process (the built-in ones) or in a grader process of its own (a
-user's): its kind's signature, and what it returned as one finite score or an error naming what was wrong."""
+"""How a grader is called, in the tool's process (the built-in ones, and a function given from Python) or
+in a grader process of its own (a user's MODULE:FUNCTION): its kind's signature, and what it returned as one
+finite score or an error naming what was wrong."""
 from __future__ import annotations
 
+import copy
 import math
 import numbers
+import threading
 
 from ..core.text import short
 
@@ -79,3 +82,56 @@ def call_grader(fn, kind: str, request: dict) -> float:
         prompt = request.get("prompt", "")
         return as_score(_first(fn([prompt + text], [prompt], [gold]), kind))
     return as_score(fn(request["data_source"], text, gold, request.get("extra_info")))
+
+
+_STUCK: dict = {}  # id of a grader function -> (it, the thread still running its call that timed out)
+_MAIN_THREAD_ONLY: dict = {}  # id of a grader function -> it, when it installs signal handlers
+
+
+def _needs_main_thread(e: BaseException | None) -> bool:
+    """Whether a grader failed on installing a signal handler outside the main thread (an alarm-based
+    timeout, as math-verify's), in its exception or the chain of their causes."""
+    for _ in range(8):
+        if e is None:
+            return False
+        if isinstance(e, ValueError) and "signal only works in main thread" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def call_in_process(fn, kind: str, request: dict, timeout: float) -> float:
+    """A grader function called in this process on its own copy of the request (what it changes in its
+    extra_info or columns reaches no other call), in a thread of its own so that the timeout holds. A call
+    past the timeout cannot be stopped (nothing ends a thread from outside): it is reported, runs on in the
+    background, and the function is not called again while it does (two calls at once could corrupt what
+    they share). A grader that installs signal handlers, which only the main thread may (math-verify's
+    alarm-based timeouts), is called in the caller's thread instead, under its own timeout alone."""
+    if id(fn) in _MAIN_THREAD_ONLY:
+        return call_grader(fn, kind, copy.deepcopy(request))
+    stuck = _STUCK.get(id(fn))
+    if stuck is not None and stuck[1].is_alive():
+        raise GraderFailed(f"is still running a call that took longer than {timeout:g} s, in a thread of this "
+                           f"process that cannot be stopped; it is not called again until that call returns")
+    outcome: dict = {}
+
+    def grade() -> None:
+        try:
+            outcome["score"] = call_grader(fn, kind, copy.deepcopy(request))
+        except BaseException as e:  # noqa: BLE001 - the caller's thread reports it
+            outcome["error"] = e
+
+    thread = threading.Thread(target=grade, name="credit grader", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        _STUCK[id(fn)] = (fn, thread)
+        raise GraderFailed(f"took longer than {timeout:g} s grading (it runs on in a thread of this process, which "
+                           f"cannot stop it, and is not called again until it returns; raise grader_timeout if it "
+                           f"needs longer)")
+    if _needs_main_thread(outcome.get("error")):
+        _MAIN_THREAD_ONLY[id(fn)] = fn
+        return call_in_process(fn, kind, request, timeout)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["score"]

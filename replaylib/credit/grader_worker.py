@@ -1,15 +1,20 @@
-"""A user's grader in a process of its own (python -m replaylib.credit.grader_worker MODULE:FUNCTION KIND):
-one JSON request a line on stdin, one JSON reply a line on the descriptor stdout had. What the grader prints,
-to either stream or from C code, goes to a file the worker counts and empties after each call, so it never
-reaches the terminal; sys.exit inside it is a reply, not the end of the run; the process ends with its
-parent. Each reply lists the files the grader's code came from and the files it read (``files``: its module,
-what it imports outside the interpreter's own library, its data), so that a change to any of them
-recomputes the grades made with them (replaylib.core.recording)."""
+"""A user's grader in a process of its own (python -m replaylib.credit.grader_worker MODULE:FUNCTION KIND): one
+JSON request a line on the pipe that was stdin, one JSON reply a line on the pipe that was stdout, each
+reply carrying its request's ``call`` (a nonce). Both pipes are moved to descriptors far above those a
+grader opens and closed in any process it starts, so that its code cannot read a request or write a reply by
+accident (a stale descriptor, a hard-coded 3); its stdin is /dev/null. What the grader prints, to either
+stream or from C code, goes to a file the worker counts and empties after each call, so it never reaches the
+terminal; sys.exit inside it is a reply, not the end of the run; the process ends with its parent. Each
+reply lists the files the grader's code came from and the files it read (``files``: its module, what it
+imports outside the interpreter's own library, its data), so that a change to any of them recomputes the
+grades made with them (replaylib.core.recording)."""
 from __future__ import annotations
 
+import fcntl
 import importlib
 import json
 import os
+import resource
 import sys
 import tempfile
 
@@ -64,8 +69,20 @@ def _printed(sink) -> tuple[int, str]:
     return size, head
 
 
+def _hidden(fd: int) -> int:
+    """A copy of fd at a descriptor number far above the lowest free ones (those a grader's files get),
+    closed on exec."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    ceiling = 4096 if soft == resource.RLIM_INFINITY else min(soft, 4096)
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, ceiling // 2)
+
+
 def main(spec: str, kind: str) -> None:
-    replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    requests = os.fdopen(_hidden(0), "r", encoding="utf-8")
+    replies = os.fdopen(_hidden(1), "w", encoding="utf-8")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
     sink = tempfile.TemporaryFile()
     os.dup2(sink.fileno(), 1)
     os.dup2(sink.fileno(), 2)
@@ -84,14 +101,14 @@ def main(spec: str, kind: str) -> None:
         reply(error=describe_failure(e), printed=_printed(sink)[0])
         return
     reply(ready=True, printed=_printed(sink)[0], files=_used())
-    for line in sys.stdin:
+    for line in requests:
         request = json.loads(line)
         try:
             score, error = call_grader(fn, kind, request), None
         except BaseException as e:  # noqa: BLE001 - the user's grader: reported, not trusted
             score, error = None, describe_failure(e)
         printed, head = _printed(sink)
-        reply(score=score, error=error, printed=printed, head=head, files=_used())
+        reply(call=request["call"], score=score, error=error, printed=printed, head=head, files=_used())
 
 
 if __name__ == "__main__":

@@ -5,15 +5,17 @@ returning a number or a dict with ``score``; a TRL reward function ``(prompts, c
 returning a list of floats; an OpenRLHF-style ``reward_func(queries, prompts, labels)`` returning a
 tensor or list (or a dict with ``rewards``). Success is score > success_above.
 
-The built-in graders run in the tool's process. A user's runs in a process of its own
-(``grader_worker``), one call at a time: a call that takes longer than the timeout, ends its process
-(sys.exit included) or returns something that is not a finite score is an error naming the grader and
-the rollout; what it prints is counted, never shown."""
+The built-in graders run in the tool's process, and so does a function given from Python, on a thread per
+call so that the timeout holds (``grader_calls.call_in_process``). A user's MODULE:FUNCTION runs in a
+process of its own (``grader_worker``), one call at a time. A call that takes longer than the timeout,
+calls sys.exit, raises, ends its process or returns something that is not a finite score is an error
+naming the grader and the rollout; what a grader process prints is counted, never shown."""
 from __future__ import annotations
 
 import importlib
 import json
 import os
+import secrets
 import selectors
 import subprocess
 import sys
@@ -23,7 +25,8 @@ from pathlib import Path
 from ..core import recording
 from ..measure.data import gsm8k_gold
 from ..measure.grading import grade_gsm8k
-from .grader_calls import KINDS, GraderFailed, as_score, call_grader, describe_failure, kind_of  # noqa: F401
+from .grader_calls import KINDS, GraderFailed, as_score, call_grader, call_in_process, describe_failure, \
+    kind_of  # noqa: F401
 from .inputs import BadInput
 
 DEFAULT_TIMEOUT = 60.0  # seconds per call of a user's grader (--grader-timeout)
@@ -68,6 +71,23 @@ def load(spec: str):
     return fn
 
 
+def importable_name(fn) -> str:
+    """A grader given as a function, as the MODULE:FUNCTION it is imported by: the name a run's files record
+    and resume by, its code's file among what a shard records (as for --grader MODULE:FUNCTION); BadInput
+    when it cannot be imported by that name (a lambda, a nested function, one defined in __main__)."""
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    try:
+        found = module != "__main__" and getattr(importlib.import_module(module), name) is fn
+    except (Exception, SystemExit):  # noqa: BLE001 - not importable by its name, however it fails
+        found = False
+    if not found:
+        shown = getattr(fn, "__name__", type(fn).__name__)
+        raise BadInput(f"grader {shown}: a function written to an output directory must be importable by its name "
+                       f"(the directory records and resumes by it); define it at the top of a module, give "
+                       f"grader='MODULE:FUNCTION', or leave out out")
+    return f"{module}:{name}"
+
+
 def check_kind(kind: str) -> None:
     if kind not in ("auto", *KINDS):
         raise BadInput(f"--grader-kind {kind}: choose auto, {', '.join(KINDS)}")
@@ -95,7 +115,7 @@ class GraderProcess:
             self.stop()
             raise GraderFailed(f"cannot be imported in its process ({ready.get('error')})")
 
-    def _reply(self, doing: str, timeout: float | None = None) -> dict:
+    def _reply(self, doing: str, timeout: float | None = None, call: str | None = None) -> dict:
         timeout = self.timeout if timeout is None else timeout
         with selectors.DefaultSelector() as sel:
             sel.register(self.proc.stdout, selectors.EVENT_READ)
@@ -108,18 +128,27 @@ class GraderProcess:
             code = self.proc.wait()
             self.proc = None
             raise GraderFailed(f"ended its process while {doing} (exit status {code})")
-        return json.loads(line)
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict) or answer.get("call") != call:  # not this call's reply: never a grade
+            self.stop()
+            raise GraderFailed(f"its process answered {doing} with something other than this call's reply "
+                               f"(stopped)")
+        return answer
 
     def __call__(self, request: dict) -> tuple[float, int, str]:
         """(score, bytes printed, their first characters), or GraderFailed."""
         if self.proc is None:
             self._start()
+        call = secrets.token_hex(8)
         try:
-            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.write((json.dumps(dict(request, call=call)) + "\n").encode())
             self.proc.stdin.flush()
         except BrokenPipeError:  # it ended since its last call: its exit status is the error
             pass
-        answer = self._reply("grading")
+        answer = self._reply("grading", call=call)
         self.files.update(answer.get("files", []))
         for path in self.files:  # what this grade was computed with (a shard's record)
             recording.note_file(path)
@@ -145,10 +174,10 @@ class Grader:
     def __init__(self, spec, success_above: float, timeout: float = DEFAULT_TIMEOUT, kind: str = "auto",
                  decode=None):
         """spec: gsm8k, math or MODULE:FUNCTION; or, from Python, the function itself (a trainer's reward
-        function), which is called in this process as the caller's own code is."""
+        function), which is called in this process (grader_calls.call_in_process)."""
         given = callable(spec) and not isinstance(spec, str)
         self.spec = getattr(spec, "__name__", type(spec).__name__) if given else spec
-        self.success_above, self.decode = success_above, decode
+        self.success_above, self.decode, self.given, self.timeout = success_above, decode, given, timeout
         self.fn = spec if given else load(spec)
         check_kind(kind)
         self.kind = "verl" if self.spec in BUILT_IN and not given else kind_of(self.fn) if kind == "auto" else kind
@@ -175,7 +204,9 @@ class Grader:
         request = self.request(text, rollout)
         started = time.perf_counter()
         try:
-            if self.process is None:
+            if self.given:
+                score = call_in_process(self.fn, self.kind, request, self.timeout)
+            elif self.process is None:
                 score = call_grader(self.fn, self.kind, request)
             else:
                 score, printed, head = self.process(request)
@@ -183,7 +214,7 @@ class Grader:
                 self.stats["printed_head"] = self.stats["printed_head"] or head
         except GraderFailed as e:
             raise GraderFailed(f"--grader {self.spec} {e}") from None
-        except Exception as e:  # noqa: BLE001 - a built-in grader failing on odd text is reported the same way
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - an in-process grader's failure, sys.exit included
             raise GraderFailed(f"--grader {self.spec} {describe_failure(e)}") from None
         finally:
             self.stats["calls"] += 1

@@ -163,6 +163,9 @@ def _unpadded(obj: dict, prompt, response, where: str, per_token=None):
             if not isinstance(m, list) or not isinstance(ids, list) or len(m) != len(ids) or \
                     not all(x in (0, 1) for x in m):
                 raise BadInput(f"{where}: field '{name}' does not match the {part}'s tokens one 0 or 1 each")
+            if ids and not any(m):
+                raise BadInput(f"{where}: field '{name}' is 0 at every one of the {part}'s {len(ids)} tokens, leaving "
+                               f"no {part}; leave the rollout out or fix its mask")
             kept.append([t for t, keep in zip(ids, m) if keep])
         prompt, response = kept
     return (prompt, response) if per_token is None else (prompt, response, per_token)

@@ -16,13 +16,6 @@ from .inputs import BadInput
 
 MARKER = ".replaylib-credit"  # written first into every directory the tool writes to
 LOCK = ".lock"
-WRITTEN = {"credit.parquet", "summary.json", "timing.json", "report.html", "shards", MARKER, LOCK}
-
-
-def _ours(out: Path, names: set[str]) -> bool:
-    """A directory the tool made: its marker, or (written before the marker existed) nothing but the tool's
-    outputs beside its shards' manifest."""
-    return MARKER in names or (names <= WRITTEN and (out / "shards" / "manifest.json").is_file())
 
 
 def check_out(out) -> Path:
@@ -39,7 +32,7 @@ def check_out(out) -> Path:
         names = {p.name for p in out.iterdir() if not (p.name.startswith(".") and p.name.endswith(".tmp"))}
     except OSError as e:
         raise BadInput(f"--out {out}: cannot be read ({e.strerror or e}); give a directory you can write") from None
-    if names and not _ours(out, names):
+    if names and MARKER not in names:  # files named as the tool's outputs are not the tool's without its marker
         shown = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
         raise BadInput(f"--out {out}: holds files this tool did not write ({shown}); give a new or empty directory "
                        f"(the tool never writes over other files)")
@@ -75,14 +68,31 @@ def _locked(lock: Path, create: bool = True):
 @contextlib.contextmanager
 def holding(out: Path):
     """The directory made, marked as the tool's and locked for this run: a second run on it is refused in
-    one line naming the holder's pid."""
+    one line naming the holder's pid. A run that fails before writing anything leaves the directory as it
+    found it (none, or empty)."""
+    created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
+        was_empty = not any(out.iterdir())
     except OSError as e:
         raise BadInput(f"--out {out}: cannot be written ({e.strerror or e}); give a directory you can write") from None
+    if not (out / MARKER).exists():  # first: a directory holding anything of the tool's holds its marker
+        atomic_write_json(out / MARKER, {"written_by": "python -m replaylib.credit"})
     with _locked(out / LOCK) as fd:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"pid": os.getpid(), "started": time.time()}).encode(), 0)
-        if not (out / MARKER).exists():
-            atomic_write_json(out / MARKER, {"written_by": "python -m replaylib.credit"})
-        yield out
+        try:
+            yield out
+        except BaseException:
+            if was_empty and set(os.listdir(out)) <= {MARKER, LOCK}:  # nothing of this run's to resume from
+                _unmake(out, created)
+            raise
+
+
+def _unmake(out: Path, created: bool) -> None:
+    """The marker and the lock removed (the lock still held), and the directory if this run made it."""
+    for name in (MARKER, LOCK):
+        (out / name).unlink(missing_ok=True)
+    if created:
+        with contextlib.suppress(OSError):  # another run's files appeared meanwhile: theirs to keep
+            out.rmdir()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -292,6 +292,8 @@ def run(rollouts, out, settings: Settings, engine=None) -> dict:
     loaded (its settings must be these); otherwise the executor of settings starts them."""
     from ..runtime.shards import ShardStore
     from .report import report_html
+    if not isinstance(settings.grader, str):  # a function: run and recorded as MODULE:FUNCTION
+        settings = replace(settings, grader=graders.importable_name(settings.grader))
     settings.check()
     out = check_out(out)
     if engine is not None:
