@@ -97,6 +97,7 @@ from .vllm_forcing import FORCE_KEY, FORCING_PROCESSOR
 from .vllm_setup import (
     NoLifecycle,
     engine_identity,
+    memory_share,
     prepare_environment,
     trunk_settings,
     unavailable_message,
@@ -205,6 +206,7 @@ class VLLMEngine:
             kwargs["logits_processors"] = [FORCING_PROCESSOR]
         if params.kv_cache_gib:  # a fixed KV cache: vLLM then skips its free-memory profiling
             kwargs["kv_cache_memory_bytes"] = int(params.kv_cache_gib * 2**30)
+            kwargs["gpu_memory_utilization"] = memory_share(params, model)
         lifecycle = lifecycle or NoLifecycle()
         # exclusive: vLLM sizes its KV cache from the free GPU memory it measures while it starts
         llm, procs, files = lifecycle.start(lambda: vllm.LLM(**kwargs), params.config,

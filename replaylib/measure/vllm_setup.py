@@ -83,6 +83,18 @@ def engine_identity(params, invariant: bool = False) -> dict:
             "kv_cache_gib": params.kv_cache_gib}
 
 
+def memory_share(params, model_dir: str, mem_get_info=None) -> float:
+    """The share of the card an engine with a fixed KV cache asks vLLM for: what it needs (weights, cache,
+    headroom), once that much is free (replaylib.measure.gpu_memory), never a share sized for an idle card."""
+    from . import gpu_memory
+    weights = gpu_memory.weights_bytes(model_dir, params.dtype)
+    needed = weights + int((params.kv_cache_gib + params.vllm_headroom_gib) * gpu_memory.GIB)
+    what = (f"weights {weights / gpu_memory.GIB:.1f} GiB + KV cache {params.kv_cache_gib:g} GiB + headroom "
+            f"{params.vllm_headroom_gib:g} GiB")
+    _, total = gpu_memory.wait_for_memory(needed, params.config, params.vllm_memory_wait_s, what, mem_get_info)
+    return gpu_memory.share_of_card(needed, total)
+
+
 def trunk_settings(params) -> dict:
     """The trunks' sampling settings, which problem_state's regeneration must repeat."""
     return {"temperature": params.temperature, "top_p": params.top_p, "max_new_tokens": params.max_trunk_tokens,

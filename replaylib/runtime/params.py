@@ -41,7 +41,8 @@ CHOICES = {
 }
 # where a stage's units of work run: owned by no stage, so in no stage key (results never depend on it);
 # the stages that start engines declare them in their notebooks
-EXECUTOR_KEYS = ["executor", "shared_engine", "ray_address", "ray_workers", "gpus_per_worker"]
+EXECUTOR_KEYS = ["executor", "shared_engine", "ray_address", "ray_workers", "gpus_per_worker", "vllm_headroom_gib",
+                 "vllm_memory_wait_s"]
 
 
 def task_data_sha256(task: str) -> str:
@@ -129,6 +130,13 @@ class Params:
                              "vLLM: a KV cache of this many GiB, fixed (0: what gpu_memory_utilization leaves after "
                              "vLLM profiles the free memory); fixed, an engine start measures no free memory, so "
                              "engines of several stages can start side by side on one GPU", lo=0)
+    vllm_headroom_gib: float = _p("executor", 2.0,
+                                  "vLLM with a fixed kv_cache_gib: GPU memory asked for beyond the weights and the "
+                                  "cache (CUDA context, activations, CUDA graphs, sampler buffers); the engine asks "
+                                  "for that share of the card, not gpu_memory_utilization's", lo=0, hi=1024)
+    vllm_memory_wait_s: float = _p("executor", 300.0,
+                                   "vLLM with a fixed kv_cache_gib: how long a start waits for the memory it needs to "
+                                   "be free on the GPU (others' engines stopping) before it refuses", lo=0, hi=86400)
     vllm_serving: str = _p("01_sampling", "multiprocess",
                            "vLLM: multiprocess (vLLM's default and the paper's: the engine core runs in a process of "
                            "its own and starts stepping while a call's requests still arrive) or inprocess (one "

@@ -1,0 +1,74 @@
+"""What a vLLM engine with a fixed KV cache needs of the GPU, asked for as such, so that it starts beside other
+work on one card: its weights at the engine's dtype, its KV cache, and a headroom for what vLLM allocates besides
+(the CUDA context, activations of its largest batch, CUDA graphs, the sampler's buffers). vLLM 0.22.1 checks at
+start that the free memory covers ``gpu_memory_utilization`` x the card (vllm/v1/worker/utils.py,
+request_memory); with ``kv_cache_memory_bytes`` set, that share sizes nothing else. So the engine asks for the
+share its need is of the card, and waits a bounded time for that much to be free instead of failing at once."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import struct
+import time
+from pathlib import Path
+
+from .engine import EngineUnavailable
+
+log = logging.getLogger("replaylib")
+GIB = 2**30
+BYTES_OF = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+SAFETENSORS_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                     "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def weight_count(model_dir: str | Path) -> int:
+    """The number of weights in a model directory's safetensors files (read from their headers)."""
+    count = 0
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise EngineUnavailable(f"{model_dir}: no *.safetensors file to size the engine's weights from")
+    for path in files:
+        with open(path, "rb") as f:
+            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        count += sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+    return count
+
+
+def weights_bytes(model_dir: str | Path, dtype: str) -> int:
+    """The weights' bytes at the engine's dtype (a checkpoint's own dtype may differ)."""
+    if dtype not in BYTES_OF:
+        raise EngineUnavailable(f"dtype {dtype!r}: choose one of {', '.join(BYTES_OF)}")
+    return weight_count(model_dir) * BYTES_OF[dtype]
+
+
+def share_of_card(needed: int, total: int) -> float:
+    """``gpu_memory_utilization`` for a need: its share of the card, rounded up (vLLM rounds the request up)."""
+    if needed > total:
+        raise EngineUnavailable(f"the engine needs {needed / GIB:.1f} GiB and the GPU has {total / GIB:.1f} GiB in "
+                                f"all; lower kv_cache_gib or use a larger GPU")
+    return min(1.0, math.ceil(needed / total * 1000) / 1000)
+
+
+def wait_for_memory(needed: int, config: str, wait_s: float, what: str, mem_get_info=None, clock=time.monotonic,
+                    sleep=time.sleep, poll_s: float = 2.0) -> tuple[int, int]:
+    """Wait until ``needed`` bytes are free on the GPU, at most ``wait_s`` seconds; returns (free, total).
+    Saying once what it waits for; past the bound, one line naming what is free and needed (EngineUnavailable)."""
+    if mem_get_info is None:
+        import torch
+        mem_get_info = torch.cuda.mem_get_info
+    deadline, said = clock() + wait_s, False
+    while True:
+        free, total = mem_get_info()
+        if free >= needed:
+            return free, total
+        if clock() >= deadline:
+            raise EngineUnavailable(
+                f"config {config}: vLLM needs {needed / GIB:.1f} GiB of GPU memory ({what}) and {free / GIB:.1f} GiB "
+                f"of {total / GIB:.1f} are free after waiting {wait_s:g} s; stop other work on the GPU, lower "
+                f"kv_cache_gib, or raise vllm_memory_wait_s")
+        if not said:
+            log.info("config %s: waiting up to %g s for %.1f GiB of GPU memory (%s; %.1f GiB free now)", config,
+                     wait_s, needed / GIB, what, free / GIB)
+            said = True
+        sleep(min(poll_s, max(0.0, deadline - clock())))
