@@ -239,3 +239,18 @@ def test_the_trl_examples_run_two_steps_with_credit_on_the_cpu(flags):
         assert entry["credit/skipped"] == 0 and entry["credit/pivots"] > 0 and entry["credit/seconds"] > 0
         assert {"credit/certified", "credit/passes_agree", "credit/pooled_common_pivots"} <= set(entry)
         assert None not in entry.values()
+
+
+def test_certificates_take_the_sampler_s_logprobs_never_a_training_forward_s():
+    """TRL's old_per_token_logps come from a training forward (num_iterations > 1), not from the decode: the batch
+    the estimator certifies holds no logprobs then ('not recorded'); sampling_per_token_logps are taken."""
+    import torch
+    rows = [{"prompt": "What is 1 + 2?", "answer": "3"}] * 2
+    out = {"prompt_ids": torch.tensor([[5, 6], [5, 6]]), "prompt_mask": torch.ones(2, 2, dtype=torch.long),
+           "completion_ids": torch.tensor([[7, 8], [9, 8]]), "completion_mask": torch.ones(2, 2, dtype=torch.long),
+           "old_per_token_logps": torch.tensor([[-0.5, -0.25], [-1.0, -0.125]])}
+    callback = CreditCallback(every=1)
+    assert "logprobs" not in callback.batch(out, rows, step=1)
+    sampled = torch.tensor([[-0.5, -0.3], [-1.1, -0.2]])
+    batch = callback.batch({**out, "sampling_per_token_logps": sampled}, rows, step=1)
+    assert torch.equal(batch["logprobs"], sampled)

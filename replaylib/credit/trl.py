@@ -11,8 +11,9 @@ The rollouts are read where TRL has them as token ids, its tensors ``prompt_ids`
 padded) and ``completion_ids``/``completion_mask`` (right padded), from the method that samples and scores
 a step (``GRPOTrainer._generate_and_score_completions``, wrapped). The grader is the trainer's first reward
 function unless one is given, and it is called as the trainer calls it (``TrainerReward``). Where TRL kept the
-sampled tokens' logprobs (``sampling_per_token_logps`` with vLLM, else ``old_per_token_logps``), they are
-certified at the trainer's temperature.
+sampler's own logprobs of the sampled tokens (``sampling_per_token_logps``, with vLLM), they are certified at
+the trainer's temperature; never ``old_per_token_logps``, which a training forward recomputes (another
+computation than the decode's, so no evidence about the decode-time state).
 
 Credit never stops training: a failure is one warning (once per message) and ``credit/skipped`` 1 for that
 step (``strict=True`` raises it instead). Each step's credit has a budget, a share of the step's own time (the
@@ -36,7 +37,7 @@ from .inputs import ALIASES, BadInput
 from .running import Pooled
 from .tool import Settings
 
-TRL_LOGPROBS = ("sampling_per_token_logps", "old_per_token_logps")
+SAMPLER_LOGPROBS = "sampling_per_token_logps"  # the sampler's own; not old_per_token_logps (a training forward's)
 TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
 ROW = "credit_row"  # the batch column that tells TrainerReward which dataset row a rollout came from
 log = logging.getLogger("replaylib")
@@ -186,7 +187,7 @@ class CreditCallback(TrainerCallback):
 
     def batch(self, out: dict, inputs: list[dict], step: int) -> dict:
         """A step's rollouts (the first ``sample``) as the estimator reads a TRL batch: its tensors, unique ids,
-        the sampled tokens' logprobs where TRL kept them, and what the grader reads: for a TRL reward the row's
+        the sampler's logprobs of the sampled tokens where TRL kept them, and what the grader reads: for a TRL reward the row's
         number (it reads the row itself), else the answer column and the dataset's other columns."""
         rows = inputs if self.sample is None else inputs[:self.sample]
         n = len(rows)
@@ -206,7 +207,7 @@ class CreditCallback(TrainerCallback):
             # the reader wants a reference answer; a TRL reward reads the row's own columns instead
             batch["ground_truth"] = [str(row.get(self.ground_truth, "")) or "-" for row in rows]
         batch["id"] = rollout_ids(rows, step)
-        logprobs = next((out[k] for k in TRL_LOGPROBS if out.get(k) is not None), None)
+        logprobs = out.get(SAMPLER_LOGPROBS)
         if logprobs is not None:  # the sampled tokens' logprobs, at the trainer's temperature (the estimator's)
             batch["logprobs"] = logprobs[:n]
         return batch
