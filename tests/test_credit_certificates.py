@@ -78,6 +78,22 @@ def test_perturbed_rollouts_differ(change, generated, tiny_engine, tiny_model_di
     assert len(frame) > 0 and set(frame.certificate) == {"differs"}, frame.certificate
 
 
+def test_every_position_of_the_response_is_compared_not_only_those_up_to_the_pivot(generated, tiny_engine,
+                                                                                   tiny_model_dir, tmp_path):
+    """A pivot at position 0, the recorded per-token logprobs off by 0.01 only at the response's last position:
+    the rollout was decoded elsewhere, and its certificate says so (it is not bit-exact on position 0 alone)."""
+    rows = json.loads(json.dumps(generated))
+    for r in rows:
+        del r["top_logprobs"]
+        r["positions"] = [0]
+    frame = credited(rows, tiny_engine, tiny_model_dir, tmp_path / "honest")
+    assert set(frame.position) == {0} and set(frame.certificate) <= {"bit-exact", "within arithmetic"}
+    for r in rows:
+        r["sampling_per_token_logps"][-1] += 0.01
+    frame = credited(rows, tiny_engine, tiny_model_dir, tmp_path / "late")
+    assert set(frame.position) == {0} and set(frame.certificate) == {"differs"}, frame.certificate
+
+
 def test_the_bound_holds_between_the_two_usual_formulas_on_a_real_vocabulary_and_not_for_a_changed_logit():
     """topk(l) - logsumexp(l) against log_softmax(l).topk, both float32, on 151936 bf16 logits: within the
     bound, as derived; a logit moved by 1e-3 (a different state) is not."""
@@ -92,19 +108,19 @@ def test_the_bound_holds_between_the_two_usual_formulas_on_a_real_vocabulary_and
         forced = SimpleNamespace(topk_ids=[ids[b].tolist()], topk_logprobs=[engine_style[b].tolist()],
                                  observed=[seen[b]])
         recorded = [[[int(i), float(v)] for i, v in zip(ids[b], trainer_style[b])]]
-        cert = certificate(recorded, None, forced, 0)
+        cert = certificate(recorded, None, forced)
         assert cert["certificate"] in ("bit-exact", "within arithmetic") and cert["certificate_bound_used"] <= 1
         moved = logits[b].clone()
         moved[ids[b, 1]] += 1e-3
         shifted = torch.log_softmax(moved, dim=-1)[ids[b]]
         recorded = [[[int(i), float(v)] for i, v in zip(ids[b], shifted)]]
-        assert certificate(recorded, None, forced, 0)["certificate"] == "differs"
+        assert certificate(recorded, None, forced)["certificate"] == "differs"
 
 
 def test_per_token_logprobs_without_the_engine_s_logits_are_not_comparable():
     forced = SimpleNamespace(topk_ids=[[4, 5]], topk_logprobs=[[-0.5, -1.5]], observed=None)
-    assert certificate(None, [-0.5], forced, 0)["certificate"] == "not comparable"
-    assert certificate([[[4, -0.5], [5, -1.5]]], [-0.5], forced, 0)["certificate"] == "bit-exact"
+    assert certificate(None, [-0.5], forced)["certificate"] == "not comparable"
+    assert certificate([[[4, -0.5], [5, -1.5]]], [-0.5], forced)["certificate"] == "bit-exact"
 
 
 @pytest.mark.slow
@@ -127,6 +143,5 @@ def test_generate_s_rollouts_on_the_embedded_model_are_within_arithmetic():
         steps = [step[b].float() for step in out.logits]
         top = [[[int(i), float(v)] for v, i in zip(*torch.log_softmax(lg, dim=-1).topk(5))] for lg in steps]
         per_token = [float(torch.log_softmax(lg / T, dim=-1)[t]) for lg, t in zip(steps, responses[b])]
-        last = len(responses[b]) - 1
-        assert certificate(top, None, trunk, last)["certificate"] in ("bit-exact", "within arithmetic")
-        assert certificate(None, per_token, trunk, last)["certificate"] in ("bit-exact", "within arithmetic")
+        assert certificate(top, None, trunk)["certificate"] in ("bit-exact", "within arithmetic")
+        assert certificate(None, per_token, trunk)["certificate"] in ("bit-exact", "within arithmetic")

@@ -118,11 +118,11 @@ def test_a_nan_is_never_certified():
     from replaylib.measure.credit_certificate import certificate
     forced = SimpleNamespace(topk_ids=[[44, 45]] * 3, topk_logprobs=[[-0.5, -1.5]] * 3, observed=None)
     recorded = [[[44, -0.5], [45, -1.5]]] * 3
-    assert certificate(recorded, None, forced, 2)["certificate"] == "bit-exact"
+    assert certificate(recorded, None, forced)["certificate"] == "bit-exact"
     nan = [[[44, float("nan")], [45, -1.5]]] * 3
-    assert certificate(nan, None, forced, 2)["certificate"] == "differs"
+    assert certificate(nan, None, forced)["certificate"] == "differs"
     broken = SimpleNamespace(topk_ids=forced.topk_ids, topk_logprobs=[[float("nan"), -1.5]] * 3, observed=None)
-    assert certificate(recorded, None, broken, 2)["certificate"] == "differs"
+    assert certificate(recorded, None, broken)["certificate"] == "differs"
 
 
 @pytest.mark.parametrize("grader, named", [

@@ -86,8 +86,8 @@ def group_rows(engine, settings, group: list, path: str) -> dict:
     timing["grader"] = dict(grade.stats)
     out = []
     for r, trunk, found, rollout_rows in zip(group, trunks, pivots, rows):
+        cert = certificate(r.top_logprobs, r.logprobs, trunk)  # the whole response: one per rollout
         for p, row in zip(found, rollout_rows):
-            cert = certificate(r.top_logprobs, r.logprobs, trunk, p["position"])
             out.append({"id": str(r.id), "line": r.line, "prompt": prompt_digest(r.prompt_ids), **p,
                         "margin_source": "recorded" if r.top_logprobs else "forced", "k": settings.k, **row,
                         **cert})

@@ -1,5 +1,7 @@
 """The credit tool's certificates: whether forced decoding reproduced what a rollout recorded of its decode,
-at every step whose state a resume at the pivot holds or predicts from (positions 0..pivot).
+at every position of the response. Every position counts, not only those up to a pivot: a rollout whose
+numbers differ anywhere was decoded in another state (another model, batch or kernel) than the one forced,
+and a pivot early in the response (at position 0, say) would otherwise be certified on next to nothing.
 
 A rollout records a top-k of raw logprobs per position (``top_logprobs``), or one logprob per position, the
 sampled token's, at the temperature it was sampled at (``logprobs``: log softmax(logits / T), as trainers
@@ -78,9 +80,10 @@ def _position_used(diffs: list[float], lse: float, exact: list[float], vocab: in
     return used
 
 
-def certificate(top: list | None, logprobs: list | None, trunk, upto: int) -> dict:
-    """The certificate of one pivot at response position `upto`: verdict, the largest |recorded - forced|
-    (float32 against float32) and the largest share of the arithmetic bound used (None where no bound)."""
+def certificate(top: list | None, logprobs: list | None, trunk) -> dict:
+    """The certificate of one rollout, over every position of its response: verdict, the largest
+    |recorded - forced| (float32 against float32) and the largest share of the arithmetic bound used (None
+    where no bound)."""
     if top is None and logprobs is None:
         return {"certificate": "not recorded", "certificate_max_diff": None, "certificate_bound_used": None}
     seen = trunk.observed
@@ -89,7 +92,7 @@ def certificate(top: list | None, logprobs: list | None, trunk, upto: int) -> di
             return {"certificate": "not comparable", "certificate_max_diff": None, "certificate_bound_used": None}
         logprobs = None
     worst, used, same_ids, exact = 0.0, 0.0, True, True
-    for i in range(upto + 1):
+    for i in range(len(trunk.topk_ids)):
         if top is not None:
             mine = dict(zip(trunk.topk_ids[i], trunk.topk_logprobs[i]))
             recorded = {int(t): float(lp) for t, lp in top[i]}
