@@ -5,6 +5,7 @@ arithmetic bound itself, on logits of a real vocabulary's size."""
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -115,6 +116,77 @@ def test_the_bound_holds_between_the_two_usual_formulas_on_a_real_vocabulary_and
         shifted = torch.log_softmax(moved, dim=-1)[ids[b]]
         recorded = [[[int(i), float(v)] for i, v in zip(ids[b], shifted)]]
         assert certificate(recorded, None, forced)["certificate"] == "differs"
+
+
+def realistic_logits(vocab: int, seed: int) -> torch.Tensor:
+    """One position's logits as a model's are: bf16 values, N(0, 3^2) with a few far above the rest."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(vocab, generator=g) * 3
+    logits[torch.randint(0, vocab, (4,), generator=g)] += torch.tensor([18.0, 15.0, 14.0, 12.0])
+    return logits.to(torch.bfloat16).float()
+
+
+def honest_log_softmaxes(z: torch.Tensor) -> dict:
+    """float32 log softmax of z computed as frameworks do, each summing the exponentials in its own order."""
+    zn = z.numpy()
+    m = zn.max()
+    exps = np.exp(zn - m)
+    perm = torch.randperm(len(z), generator=torch.Generator().manual_seed(len(z)))
+    permuted = torch.empty_like(z)
+    permuted[perm] = torch.log_softmax(z[perm], dim=-1)
+    return {"torch log_softmax (8 lanes)": torch.log_softmax(z, dim=-1).numpy(),
+            "z - torch.logsumexp (cascade)": (z - torch.logsumexp(z, dim=-1)).numpy(),
+            "numpy (pairwise)": zn - m - np.log(np.sum(exps, dtype=np.float32)),
+            "numpy, 64 strided chains": zn - m - np.log(exps.reshape(-1, 64).sum(axis=0).sum(dtype=np.float32)),
+            "torch log_softmax, permuted vocabulary": permuted.numpy()}
+
+
+def one_position(logits: torch.Tensor, token: int, temperature: float):
+    """A forced decode of one position: its trunk (top-5 as the engine takes it, and what the observer keeps)."""
+    seen = Observer(5, temperature)(logits[None], [token])
+    values, ids = logits.topk(5)
+    return SimpleNamespace(topk_ids=[ids.tolist()], topk_logprobs=[(values - torch.logsumexp(logits, -1)).tolist()],
+                           observed=seen)
+
+
+@pytest.mark.parametrize("vocab", [151936, 262144])
+def test_honest_float32_log_softmaxes_are_within_the_bound_on_real_vocabularies(vocab):
+    """Per-token logprobs at T 1 and 0.7 and top-5s, from float32 log softmaxes that sum in different orders,
+    over many logit vectors: every certificate bit-exact or within arithmetic."""
+    used = []
+    for seed in range(12):
+        logits = realistic_logits(vocab, seed)
+        tokens = [int(logits.argmax()), int(torch.randint(0, vocab, (1,), generator=torch.Generator().manual_seed(seed)))]
+        for temperature in (1.0, 0.7):
+            for name, logprobs in honest_log_softmaxes(logits / temperature).items():
+                for token in tokens:
+                    cert = certificate(None, [float(logprobs[token])], one_position(logits, token, temperature))
+                    assert cert["certificate"] in ("bit-exact", "within arithmetic"), (name, seed, token, cert)
+                    used.append(cert["certificate_bound_used"])
+                if temperature == 1.0:
+                    trunk = one_position(logits, tokens[0], 1.0)
+                    top = [[[i, float(logprobs[i])] for i in trunk.topk_ids[0]]]
+                    cert = certificate(top, None, trunk)
+                    assert cert["certificate"] in ("bit-exact", "within arithmetic"), (name, seed, cert)
+                    used.append(cert["certificate_bound_used"])
+    print(f"V {vocab}: the largest share of the bound used {max(used):.3f}")
+
+
+@pytest.mark.parametrize("off", [0.016, 1e-3])
+def test_a_logprob_off_by_a_thousandth_on_a_real_vocabulary_differs(off):
+    """V = 151,936: a per-token logprob (at T 1 or 0.7) off by `off`, or a whole top-5 shifted by it (its
+    midpoint, the shared normalizer's part), is beyond what float32 arithmetic does."""
+    logits = realistic_logits(151936, 0)
+    token = int(logits.argmax())
+    for temperature in (1.0, 0.7):
+        honest = float(torch.log_softmax(logits / temperature, dim=-1)[token])
+        trunk = one_position(logits, token, temperature)
+        assert certificate(None, [honest], trunk)["certificate"] == "bit-exact"
+        assert certificate(None, [honest + off], trunk)["certificate"] == "differs"
+        assert certificate(None, [honest - off], trunk)["certificate"] == "differs"
+    trunk = one_position(logits, token, 1.0)
+    shifted = [[[i, lp + off] for i, lp in zip(trunk.topk_ids[0], torch.log_softmax(logits, -1)[trunk.topk_ids[0]].tolist())]]
+    assert certificate(shifted, None, trunk)["certificate"] == "differs"
 
 
 def test_per_token_logprobs_without_the_engine_s_logits_are_not_comparable():
