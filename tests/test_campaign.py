@@ -150,8 +150,10 @@ def test_campaign_statistics_are_stale_aware(runs, capsys, tmp_path):
 
 def test_executor_values_are_in_no_stage_key():
     base = params.load(REPO / "params" / "tiny.yaml")
+    assert params.EXECUTOR_KEYS == params.own_keys("executor")  # the list is the parameters of that group
     other = params.make({**base.to_dict(), "executor": "ray", "ray_workers": 7, "ray_address": "auto",
-                         "gpus_per_worker": 0.5, "shared_engine": False})
+                         "gpus_per_worker": 0.5, "shared_engine": False, "vllm_headroom_gib": 5.5,
+                         "vllm_memory_wait_s": 12.0})
     assert set(params.EXECUTOR_KEYS) <= {k for k, v in other.to_dict().items() if v != base.to_dict()[k]}
     assert all(base.stage_key(s) == other.stage_key(s) for s in STAGES)
     for path in sorted((REPO / "params").glob("paper-*.yaml")):  # where an engine lives: no key of the paper's runs
