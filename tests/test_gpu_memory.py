@@ -20,7 +20,20 @@ GIB = 2**30
 def model_dir(tmp_path):
     save_file({"a": np.zeros((1000, 300), np.float32), "b": np.zeros(7, np.float32)}, str(tmp_path / "m-1.safetensors"))
     save_file({"c": np.zeros((10, 10), np.float16)}, str(tmp_path / "m-2.safetensors"))
+    (tmp_path / "config.json").write_text('{"vocab_size": 49152}')
     return tmp_path
+
+
+def test_the_headroom_grows_with_the_vocabulary_as_the_engines_on_the_h100_did(model_dir):
+    """Lease 14 (an H100, 4 GiB caches): SmolLM2 (49,152 tokens) used 2.0 GiB beyond weights and cache, Gemma 3
+    (262,144) 4.8-4.9 GiB: the automatic headroom covers both, and a given one is taken as it is."""
+    assert 2.0 * GIB < gpu_memory.headroom_bytes(model_dir) < 2.5 * GIB
+    (model_dir / "config.json").write_text('{"text_config": {"vocab_size": 262144}}')
+    assert 4.95 * GIB < gpu_memory.headroom_bytes(model_dir) < 5.5 * GIB
+    assert gpu_memory.headroom_bytes(model_dir, 3.0) == 3 * GIB
+    (model_dir / "config.json").write_text("{}")
+    with pytest.raises(EngineUnavailable, match="no vocab_size"):
+        gpu_memory.headroom_bytes(model_dir)
 
 
 class Clock:
@@ -97,6 +110,10 @@ def test_the_engine_asks_vllm_for_its_share(model_dir, monkeypatch):
         engine_vllm.VLLMEngine.from_params(p)
     assert asked["kv_cache_memory_bytes"] == 4 * GIB
     assert asked["gpu_memory_utilization"] == pytest.approx(0.076)  # (0.6 MB + 6 GiB) / 80 GiB, rounded up
+    asked.clear()
+    with pytest.raises(Stop):  # the automatic headroom: 1.5 GiB + the sampler's buffers (0.66 GiB here)
+        engine_vllm.VLLMEngine.from_params(params.make({**p.__dict__, "vllm_headroom_gib": 0}))
+    assert asked["gpu_memory_utilization"] == pytest.approx(0.077)  # (0.6 MB + 4 + 1.5 + 0.66 GiB) / 80 GiB
     asked.clear()
     with pytest.raises(Stop):  # no fixed cache: vLLM sizes it from the share, which is the user's
         engine_vllm.VLLMEngine.from_params(params.make({**p.__dict__, "kv_cache_gib": 0}))

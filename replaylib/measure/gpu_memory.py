@@ -42,6 +42,31 @@ def weights_bytes(model_dir: str | Path, dtype: str) -> int:
     return weight_count(model_dir) * BYTES_OF[dtype]
 
 
+# What a vLLM 0.22.1 engine allocates beyond its weights and KV cache, fitted to lease 14's H100 (engines of a
+# 4 GiB cache: SmolLM2-135M, vocabulary 49,152, used 2.0 GiB more; Gemma 3 270M, 262,144, 4.8-4.9 GiB more): a
+# fixed part (the CUDA context, activations, CUDA graphs) and the sampler's buffers, which vLLM warms with 1,024
+# dummy requests over the whole vocabulary in float32, about 3.5 such buffers at once.
+HEADROOM_FIXED_GIB = 1.5
+SAMPLER_ROWS, SAMPLER_BUFFERS = 1024, 3.5
+
+
+def vocab_size(model_dir: str | Path) -> int:
+    """The model's vocabulary (its config's, or its text config's for a multimodal one)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    if not isinstance(size, int):
+        raise EngineUnavailable(f"{model_dir}/config.json: no vocab_size to size the engine's sampler buffers from")
+    return size
+
+
+def headroom_bytes(model_dir: str | Path, headroom_gib: float = 0.0) -> int:
+    """What an engine needs beyond weights and cache: headroom_gib where given (above 0), else the fixed part and
+    the sampler's buffers for this model's vocabulary."""
+    if headroom_gib > 0:
+        return int(headroom_gib * GIB)
+    return int(HEADROOM_FIXED_GIB * GIB + SAMPLER_BUFFERS * SAMPLER_ROWS * vocab_size(model_dir) * 4)
+
+
 def share_of_card(needed: int, total: int) -> float:
     """``gpu_memory_utilization`` for a need: its share of the card, rounded up (vLLM rounds the request up)."""
     if needed > total:

@@ -88,9 +88,10 @@ def memory_share(params, model_dir: str, mem_get_info=None) -> float:
     headroom), once that much is free (replaylib.measure.gpu_memory), never a share sized for an idle card."""
     from . import gpu_memory
     weights = gpu_memory.weights_bytes(model_dir, params.dtype)
-    needed = weights + int((params.kv_cache_gib + params.vllm_headroom_gib) * gpu_memory.GIB)
+    headroom = gpu_memory.headroom_bytes(model_dir, params.vllm_headroom_gib)
+    needed = weights + int(params.kv_cache_gib * gpu_memory.GIB) + headroom
     what = (f"weights {weights / gpu_memory.GIB:.1f} GiB + KV cache {params.kv_cache_gib:g} GiB + headroom "
-            f"{params.vllm_headroom_gib:g} GiB")
+            f"{headroom / gpu_memory.GIB:.1f} GiB")
     _, total = gpu_memory.wait_for_memory(needed, params.config, params.vllm_memory_wait_s, what, mem_get_info)
     return gpu_memory.share_of_card(needed, total)
 

@@ -130,10 +130,11 @@ class Params:
                              "vLLM: a KV cache of this many GiB, fixed (0: what gpu_memory_utilization leaves after "
                              "vLLM profiles the free memory); fixed, an engine start measures no free memory, so "
                              "engines of several stages can start side by side on one GPU", lo=0)
-    vllm_headroom_gib: float = _p("executor", 2.0,
+    vllm_headroom_gib: float = _p("executor", 0.0,
                                   "vLLM with a fixed kv_cache_gib: GPU memory asked for beyond the weights and the "
-                                  "cache (CUDA context, activations, CUDA graphs, sampler buffers); the engine asks "
-                                  "for that share of the card, not gpu_memory_utilization's", lo=0, hi=1024)
+                                  "cache (CUDA context, activations, CUDA graphs, sampler buffers; 0: 1.5 GiB and the "
+                                  "sampler's buffers for the model's vocabulary); the engine asks for that share of "
+                                  "the card, not gpu_memory_utilization's", lo=0, hi=1024)
     vllm_memory_wait_s: float = _p("executor", 300.0,
                                    "vLLM with a fixed kv_cache_gib: how long a start waits for the memory it needs to "
                                    "be free on the GPU (others' engines stopping) before it refuses", lo=0, hi=86400)
