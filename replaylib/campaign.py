@@ -253,6 +253,22 @@ def statistics_parameters(c: Campaign, out_dir=None) -> dict:
     return {"campaign": str(c.path), "out_dir": str(out_root(out_dir))}
 
 
+def runs_as_they_are(c: Campaign, out) -> None:
+    """--statistics-only: every stage the campaign reads finished, with its configuration's parameters and its
+    outputs as it wrote them (ValueError: the first that is not); one whose code or files differ here (another
+    Python, another conversion of the model) is named and used as it ran."""
+    for name, p in c.configs.items():
+        for stage in c.stages_read(name):
+            here = StageDir(p, stage, out)
+            reason = here.staleness(dependencies=False)
+            if reason:
+                raise ValueError(f"{c.label}: {name} {stage}: {reason}; --statistics-only reads finished runs as "
+                                 f"they are: run the campaign's stages first")
+            reason = here.staleness()
+            if reason:
+                print(f"[campaign] {c.label}: {name} {stage}: used as it ran (here: {reason})", flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m replaylib.campaign", description=__doc__.splitlines()[0])
     ap.add_argument("campaign", help="a campaign file, e.g. params/campaign-paper.yaml")
@@ -267,7 +283,13 @@ def main(argv=None) -> int:
     ap.add_argument("--stages-only", action="store_true",
                     help="run the configurations' stages, not the campaign statistics (which can run later, "
                          "elsewhere, from the same runs/: e.g. stages on a GPU machine, statistics on a laptop)")
+    ap.add_argument("--statistics-only", action="store_true",
+                    help="the campaign statistics from the configurations' finished runs as they are, running no "
+                         "stage (runs made elsewhere, e.g. on a GPU machine: a stage whose code or files differ "
+                         "here is named and used as it ran)")
     args = ap.parse_intermixed_args(argv)
+    if args.stages_only and args.statistics_only:
+        ap.error("--stages-only and --statistics-only: give one of them")
     out = out_root(args.out)  # absolute, once: the runners and the statistics notebook run in the repository
     overrides = {"executor": args.executor, "ray_workers": args.ray_workers, "ray_address": args.ray_address,
                  "gpus_per_worker": args.gpus_per_worker}
@@ -277,8 +299,12 @@ def main(argv=None) -> int:
         if args.list_params:
             print("\n".join(str(p) for p in c.sources.values()))
             return 0
+        if args.statistics_only:
+            runs_as_they_are(c, out)
         todo = {}
         for name, p in c.configs.items():
+            if args.statistics_only:
+                continue
             steps = runner.stages_to_run(p, [], args.force, out, c.stages_needed(name))
             if steps:
                 todo[name] = steps

@@ -587,3 +587,32 @@ def test_a_campaign_killed_outright_stops_its_runners_and_their_kernels(tmp_path
         time.sleep(0.1)
     log = (out / "runs" / "campaign-killed" / "logs" / "tiny-primary.log").read_text()
     assert "STOPPED" in log and "terminated (SIGTERM)" in log
+
+
+def test_statistics_only_reads_runs_made_elsewhere_as_they_are(runs, tmp_path, capsys):
+    """Stages on a GPU machine, statistics on a laptop: runs whose recorded code or files differ here (another
+    Python, another conversion of the model) are named and used as they ran, no stage runs, and the tables are
+    those the campaign wrote; a stage that never finished, or whose records changed, is refused in one line."""
+    done, back = runs["local"], tmp_path / "back"
+    shutil.copytree(done, back, ignore=lambda d, names: [n for n in names if n in ("campaign-tiny", "site")])
+    replay = back / "runs" / "tiny-k4" / "03_three_pass_replay"
+    manifest = json.loads((replay / "manifest.json").read_text())
+    code = manifest["dependencies"]["code"]
+    code[next(iter(code))] = "0" * 16  # as a definition's digest reads where the stage ran
+    (replay / "manifest.json").write_text(json.dumps(manifest))
+    assert StageDir(campaigns.load(TINY).configs["tiny-k4"], "03_three_pass_replay", back).staleness()
+    capsys.readouterr()
+    assert campaign.main([str(TINY), "--out", str(back), "--statistics-only"]) == 0
+    said = capsys.readouterr().out
+    assert "tiny-k4 03_three_pass_replay: used as it ran (here: " in said and "started" not in said
+    assert json.loads((replay / "manifest.json").read_text()) == manifest  # not rerun
+    for name in ("tab1_main.csv", "live_vs_published.csv"):
+        assert (back / "tables" / "campaign-tiny" / name).read_bytes() == \
+            (done / "tables" / "campaign-tiny" / name).read_bytes(), name
+    (replay / "records.parquet").write_bytes((replay / "records.parquet").read_bytes() + b"\0")
+    assert campaign.main([str(TINY), "--out", str(back), "--statistics-only"]) == 2
+    err = capsys.readouterr().err
+    assert "tiny-k4 03_three_pass_replay: its output records.parquet changed" in err and "\n" not in err.strip()
+    shutil.rmtree(replay)
+    assert campaign.main([str(TINY), "--out", str(back), "--statistics-only"]) == 2
+    assert "tiny-k4 03_three_pass_replay: not run yet; --statistics-only" in capsys.readouterr().err

@@ -5,6 +5,7 @@ finished tiny run made with that code, and asks the runner which stages would ru
 
 An edit is made at the first place in the package that holds its text, wherever that is: the tests name what a
 line decides, not the file it lives in, so code that moves is followed."""
+import ast
 import json
 import os
 import re
@@ -493,3 +494,26 @@ def test_every_function_a_recorded_module_made_is_found_from_its_namespace():
     before, with_one_held_elsewhere = json.loads(done.stdout.splitlines()[-1])
     assert before == []
     assert with_one_held_elsewhere == ["grade"]
+
+
+def test_a_definition_s_digest_does_not_depend_on_how_this_python_prints_code(monkeypatch):
+    """Runs made under one Python (3.12 on a GPU machine) read as up to date under another (3.11 on a laptop):
+    the digest is of the code's syntax tree, not of ast.unparse's text, which 3.12 prints otherwise for some
+    f-strings (shard_path's nested quotes)."""
+    from replaylib.core import definitions
+    src = ("def shard_path(unit, part, value):\n"
+           "    return f\"s/{unit.name}.p\" if part == 'r' else f\"s/{unit.name.replace('problem', part)}.p\"\n")
+    before = definitions.canonical(definitions.normalised(ast.parse(src).body[0]))
+    printed = ast.unparse
+    monkeypatch.setattr(ast, "unparse", lambda node: printed(node).replace("'", '"'))  # another Python's quotes
+    assert definitions.canonical(definitions.normalised(ast.parse(src).body[0])) == before
+    assert "'problem'" in before and "Constant(value='r')" in before  # what it computes is all there
+    other = src.replace("'problem'", "'problems'")
+    assert definitions.canonical(definitions.normalised(ast.parse(other).body[0])) != before
+    definitions._fact.cache_clear()  # a real definition's digest, as the recorder takes it, under both
+    monkeypatch.setattr(definitions, "_disk", type("NoDisk", (), {"get": lambda *a: None, "put": lambda *a: None})())
+    real = definitions.digest("replaylib.measure.replay:shard_path")
+    monkeypatch.setattr(ast, "unparse", printed)
+    definitions._fact.cache_clear()
+    assert definitions.digest("replaylib.measure.replay:shard_path") == real
+    definitions._fact.cache_clear()

@@ -181,6 +181,21 @@ def _drop_message_variables(tree) -> None:
                 break
 
 
+def canonical(node) -> str:
+    """Code as text that says what it computes and nothing of how this Python prints it: its syntax tree's
+    nodes and values, no positions, fields left empty left out (a newer Python's added fields, such as 3.12's
+    type_params, are empty in code that does not use them). Not ast.unparse's text, which differs between
+    Pythons (3.12 prints some f-strings with other quotes than 3.11), so a run made under one would read as
+    changed code under the other."""
+    if isinstance(node, ast.AST):
+        fields = ", ".join(f"{name}={canonical(value)}" for name, value in ast.iter_fields(node)
+                           if value is not None and value != [])
+        return f"{type(node).__name__}({fields})"
+    if isinstance(node, list):
+        return "[" + ", ".join(canonical(v) for v in node) + "]"
+    return repr(node)
+
+
 def normalised(node: ast.AST, reporters: frozenset | set = frozenset()) -> ast.AST:
     """A copy of a definition without what only reports (see the module's docstring); reporters: the
     module-level names that only report, minus those the definition rebinds."""
@@ -314,14 +329,15 @@ def code_of(mod: Module, name: str) -> str:
 
 
 def compute_cells(stage: str) -> str:
-    """A stage notebook's cells tagged ``compute``, normalised (comments, shell and magic lines out)."""
+    """A stage notebook's cells tagged ``compute``, normalised (comments, shell and magic lines out), as
+    ``canonical`` text."""
     cells = json.loads(notebook_path(stage).read_text(encoding="utf-8"))["cells"]
     out = []
     for c in cells:
         if c.get("cell_type") == "code" and "compute" in c.get("metadata", {}).get("tags", []):
             source = "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
             kept = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
-            out.append(ast.unparse(normalised(ast.parse(kept))))
+            out.append(canonical(normalised(ast.parse(kept))))
     return "\n".join(out)
 
 
@@ -376,7 +392,7 @@ def _fact(path: str, dotted: str, name: str, mtime_ns: int, size: int) -> tuple[
         found = (None, Edges())
     else:
         nodes = [normalised(n, mod.reporters) for n in mod.defs[name]]
-        code = "\n".join(ast.unparse(n) for n in nodes)
+        code = "\n".join(canonical(n) for n in nodes)
         found = (hashlib.sha256(code.encode()).hexdigest()[:16], _edges_of(mod, name, nodes))
     _disk.put(path, mtime_ns, size, dotted, name, found)
     return found

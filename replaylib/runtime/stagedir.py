@@ -225,10 +225,11 @@ class StageDir:
         self.inputs.update({f"{name}/{rel}": digest for rel, digest in outputs.items()})
         return path
 
-    def staleness(self) -> str | None:
+    def staleness(self, dependencies: bool = True) -> str | None:
         """Why the stage must run, or None when it is up to date: not finished, another key, other code,
         its outputs or products changed since it finished, or its upstream stages' outputs are not the
-        ones it read."""
+        ones it read. dependencies=False: the code and files it used left out (a run made on another
+        machine, read as it is)."""
         if not (self.path / "DONE").exists():
             return "not run yet"
         try:
@@ -241,7 +242,7 @@ class StageDir:
             manifest = json.loads((self.path / "manifest.json").read_text())
         except (OSError, json.JSONDecodeError):
             return "no readable manifest"
-        changed = recording.changes(manifest.get("dependencies"), first_only=True)
+        changed = recording.changes(manifest.get("dependencies"), first_only=True) if dependencies else []
         if changed:
             return changed[0]
         changed = changed_outputs(self.path, manifest.get("outputs", {}))

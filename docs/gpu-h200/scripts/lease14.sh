@@ -5,8 +5,12 @@
 # campaign runs from a copy of its file with its 8 configurations at once. Gemma 3 comes converted (here,
 # transformers 5.23: the device's transformers converts its tokenizer otherwise, which the fetch refuses); SmolLM2
 # is converted on the device by `python -m replaylib.models fetch` (gguf's reference dequantizer, the pinned
-# tokenizer checked). Qwen's parts are made but not carried: two refused starts left too little device time for
+# tokenizer checked). Qwen's parts are made but not carried: refused starts left too little device time for
 # its 10 parts and 4 configurations (its rows of the three-family campaign are for a next lease).
+# Run by hand after the chain, in the device's /tmp/repo with the chain's environment: Gemma 3 on the transformers
+# engine again with --set margin_threshold=1.5 (at 1.0 its 3 problems gave no pivot), twice, and the campaign
+# again alone (`step campaign_rerun 280 python3 -m replaylib.campaign params/campaign-gpu-two-families-lease14.yaml
+# --stages-only`), which finished Gemma 3's batch-invariant stage once the other engines had stopped.
 #   lease14.sh parts        copy the parts this call carried under /tmp; the first call also starts the chain
 #   lease14.sh poll SECS    wait up to SECS for the chain's end; report; pack logs and records (no caches, no
 #                           saved states) into $OUT
