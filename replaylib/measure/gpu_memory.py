@@ -9,17 +9,16 @@ from __future__ import annotations
 import json
 import logging
 import math
-import struct
 import time
 from pathlib import Path
+
+from safetensors import safe_open
 
 from .engine import EngineUnavailable
 
 log = logging.getLogger("replaylib")
 GIB = 2**30
 BYTES_OF = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
-SAFETENSORS_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                     "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
 def weight_count(model_dir: str | Path) -> int:
@@ -29,9 +28,8 @@ def weight_count(model_dir: str | Path) -> int:
     if not files:
         raise EngineUnavailable(f"{model_dir}: no *.safetensors file to size the engine's weights from")
     for path in files:
-        with open(path, "rb") as f:
-            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
-        count += sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+        with safe_open(path, framework="numpy") as f:
+            count += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
     return count
 
 
