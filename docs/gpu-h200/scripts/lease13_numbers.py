@@ -1,7 +1,9 @@
-"""Lease 13's numbers, from the replay records that came back whole (docs/gpu-h200/lease13/records) and, where
-given, the sampling stage's trunks (the returned root, not kept: its prompt token counts).
+"""The numbers of leases 13 and 14, from the replay records that came back whole (docs/gpu-h200/lease1N/records; a
+batch-invariant stage's as NAME-invariant.parquet, summarised from its invariant.json) and, where given, the
+sampling stage's trunks (the returned root, not kept: its prompt token counts).
 
     python docs/gpu-h200/scripts/lease13_numbers.py docs/gpu-h200/lease13 [RETURNED_RUNS_DIR ...]
+    python docs/gpu-h200/scripts/lease13_numbers.py docs/gpu-h200/lease14 [RETURNED_RUNS_DIR ...]
 """
 import json
 import sys
@@ -16,7 +18,11 @@ PASSES = ("exact2", "refeed", "refeed2", "block16")
 
 
 def main(evidence: Path, returned: list[Path]) -> None:
-    for path in sorted((evidence / "records").glob("*.parquet")):
+    for path in sorted((evidence / "records").glob("*-invariant.parquet")):  # a batch-invariant stage's records
+        cfg = path.stem.removesuffix("-invariant")
+        summary = json.loads((evidence / "runs" / cfg / "05_batch_invariant" / "invariant.json").read_text())
+        print(f"== {cfg}, batch-invariant: {json.dumps(summary, sort_keys=True)[:600]}")
+    for path in sorted(p for p in (evidence / "records").glob("*.parquet") if not p.stem.endswith("-invariant")):
         cfg = path.stem
         df = rec.load_records(path)
         problems = json.loads((evidence / "runs" / cfg / "01_sampling" / "problems.json").read_text())
