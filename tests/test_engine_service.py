@@ -142,6 +142,36 @@ def test_an_engine_that_cannot_start_is_the_stage_s_one_line_error(standin, monk
             ServedExecutor(fake_params(), stage="01_sampling")
 
 
+def test_idle_engines_make_room_for_an_engine_that_would_not_fit(standin, monkeypatch):
+    """An idle engine holds GPU memory that a new engine of another identity would wait for in vain: the broker
+    stops idle engines, least recently used first, until the new one's need fits the free memory; where it fits,
+    none is stopped."""
+    from replaylib.measure import gpu_memory
+    from replaylib.runtime import engine_service
+    gib = gpu_memory.GIB
+    free = {"now": 1 * gib}
+    monkeypatch.setattr(gpu_memory, "free_bytes_now", lambda: free["now"])
+    monkeypatch.setattr(engine_service, "engine_need", lambda p: int(p.kv_cache_gib * gib) + gib, raising=False)
+    with EngineBroker(standin / "out") as broker, mock.patch.dict(os.environ, broker.env()):
+        first = ServedExecutor(fake_params(kv_cache_gib=1.0), stage="01")
+        first.close()
+        second = ServedExecutor(fake_params(kv_cache_gib=1.5), stage="01")
+        second.close()
+        a, b = first.lease_info["server_pid"], second.lease_info["server_pid"]
+        assert _gone(a) and psutil.pid_exists(b)  # 1 GiB free, 2.5 needed: the idle one (2 GiB) made room
+        free["now"] = 10 * gib
+        third = ServedExecutor(fake_params(kv_cache_gib=2.0), stage="01")
+        assert psutil.pid_exists(b)  # it fits beside: nothing stopped
+        third.close()
+        c = third.lease_info["server_pid"]
+        free["now"] = 0
+        fourth = ServedExecutor(fake_params(kv_cache_gib=0.5), stage="01")  # 1.5 GiB: b (2.5) is enough
+        assert _gone(b) and psutil.pid_exists(c)
+        fourth.close()
+    stopped = [s.get("stopped_for_room", False) for s in _engines_json(standin / "out")["servers"]]
+    assert stopped == [True, True, False, False]
+
+
 def _client_script(tmp_path: Path, body: str) -> Path:
     script = tmp_path / "client.py"
     script.write_text("import os, sys, time\nsys.path[:0] = [%r, %r]\n" % (str(TESTS), str(REPO)) +

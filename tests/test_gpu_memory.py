@@ -118,3 +118,22 @@ def test_the_engine_asks_vllm_for_its_share(model_dir, monkeypatch):
     with pytest.raises(Stop):  # no fixed cache: vLLM sizes it from the share, which is the user's
         engine_vllm.VLLMEngine.from_params(params.make({**p.__dict__, "kv_cache_gib": 0}))
     assert asked["gpu_memory_utilization"] == 0.9 and "kv_cache_memory_bytes" not in asked
+
+
+def test_free_memory_is_read_from_the_driver_for_the_first_visible_gpu(monkeypatch):
+    import subprocess
+    asked = []
+
+    def run(cmd, **kw):
+        asked.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, stdout="2048\n")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    assert gpu_memory.free_bytes_now(run) == 2 * GIB and asked[0][-2:] == ["-i", "3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5d1c")  # a UUID: not an index to ask for
+    assert gpu_memory.free_bytes_now(run) is None
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert gpu_memory.free_bytes_now(lambda cmd, **kw: subprocess.CompletedProcess(cmd, 9, stdout="")) is None
+
+    def missing(cmd, **kw):
+        raise FileNotFoundError("nvidia-smi")
+    assert gpu_memory.free_bytes_now(missing) is None

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -95,3 +97,17 @@ def wait_for_memory(needed: int, config: str, wait_s: float, what: str, mem_get_
                      wait_s, needed / GIB, what, free / GIB)
             said = True
         sleep(min(poll_s, max(0.0, deadline - clock())))
+
+
+def free_bytes_now(run=subprocess.run) -> int | None:
+    """The free memory of the GPU this process's CUDA would use first, as the driver reports it (nvidia-smi, so
+    that asking makes no CUDA context); None where it cannot say (no NVIDIA driver, a device named by UUID)."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+    if not first.isdigit():
+        return None
+    try:
+        out = run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", first],
+                  capture_output=True, text=True, timeout=30)
+        return int(out.stdout.strip()) * 2**20 if out.returncode == 0 else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None

@@ -83,15 +83,22 @@ def engine_identity(params, invariant: bool = False) -> dict:
             "kv_cache_gib": params.kv_cache_gib}
 
 
-def memory_share(params, model_dir: str, mem_get_info=None) -> float:
-    """The share of the card an engine with a fixed KV cache asks vLLM for: what it needs (weights, cache,
-    headroom), once that much is free (replaylib.measure.gpu_memory), never a share sized for an idle card."""
+def memory_need(params, model_dir: str) -> tuple[int, str]:
+    """What an engine with a fixed KV cache needs of the GPU (weights, cache, headroom) in bytes, and the sum
+    in words."""
     from . import gpu_memory
     weights = gpu_memory.weights_bytes(model_dir, params.dtype)
     headroom = gpu_memory.headroom_bytes(model_dir, params.vllm_headroom_gib)
     needed = weights + int(params.kv_cache_gib * gpu_memory.GIB) + headroom
-    what = (f"weights {weights / gpu_memory.GIB:.1f} GiB + KV cache {params.kv_cache_gib:g} GiB + headroom "
-            f"{headroom / gpu_memory.GIB:.1f} GiB")
+    return needed, (f"weights {weights / gpu_memory.GIB:.1f} GiB + KV cache {params.kv_cache_gib:g} GiB + headroom "
+                    f"{headroom / gpu_memory.GIB:.1f} GiB")
+
+
+def memory_share(params, model_dir: str, mem_get_info=None) -> float:
+    """The share of the card an engine with a fixed KV cache asks vLLM for: what it needs (weights, cache,
+    headroom), once that much is free (replaylib.measure.gpu_memory), never a share sized for an idle card."""
+    from . import gpu_memory
+    needed, what = memory_need(params, model_dir)
     _, total = gpu_memory.wait_for_memory(needed, params.config, params.vllm_memory_wait_s, what, mem_get_info)
     return gpu_memory.share_of_card(needed, total)
 

@@ -56,6 +56,7 @@ from unittest import mock
 
 from ..core import progress
 from ..core.processes import remove_left_behind, stop_with_parent
+from ..measure import gpu_memory
 
 log = logging.getLogger("replaylib")
 
@@ -106,6 +107,19 @@ def compile_key(identity: dict) -> str:
     """What an engine's compiled graphs depend on (a first start of a key compiles; later ones reuse)."""
     keep = ("engine", "model", "dtype", "batch_invariant", "attention_backend", "enforce_eager", "max_model_len")
     return json.dumps({k: identity.get(k) for k in keep}, sort_keys=True)
+
+
+def engine_need(params) -> int | None:
+    """What an engine with a fixed KV cache of these parameters needs of the GPU in bytes; None where it cannot be
+    told here (a profiled cache, a model not set up)."""
+    if not params.kv_cache_gib:
+        return None
+    from ..measure.models import resolve_model
+    from ..measure.vllm_setup import memory_need
+    try:
+        return memory_need(params, resolve_model(params.model))[0]
+    except (OSError, ValueError, RuntimeError):
+        return None
 
 
 def profiled(identity: dict) -> bool:
@@ -412,7 +426,7 @@ class EngineBroker:
                 if key in self.compiling or (exclusive and any(s.state != "idle" for s in live)):
                     self.cond.wait()  # a first compilation, or an engine that must be alone on the GPU
                     continue
-                to_stop = [s for s in live if s.state == "idle"] if exclusive else []
+                to_stop = [s for s in live if s.state == "idle"] if exclusive else self._room_for(params, live)
                 for s in to_stop:
                     s.state = "stopping"
                 server = _Server(len(self.servers) + 1, identity, params, invariant, self)
@@ -421,7 +435,7 @@ class EngineBroker:
                     self.compiling.add(key)
                 break
         try:
-            for s in to_stop:  # profiled engines do not share the GPU
+            for s in to_stop:  # profiled engines do not share the GPU; others stop for room
                 s.stop()
             with self.cond:
                 self.cond.notify_all()
@@ -442,6 +456,29 @@ class EngineBroker:
             self._lease_to(server, who)
             self.cond.notify_all()
         return server, True
+
+    def _room_for(self, params, live: list[_Server]) -> list[_Server]:
+        """The idle servers to stop, least recently used first, so that a new engine with a fixed KV cache fits
+        the GPU's free memory: an idle engine would otherwise hold memory a start waits for in vain. A start that
+        still does not fit waits in its server (vllm_memory_wait_s)."""
+        idle = sorted((s for s in live if s.state == "idle"), key=lambda s: s.events["leases"][-1].get("released", 0)
+                      if s.events["leases"] else 0)
+        if not idle:
+            return []
+        free, needed = gpu_memory.free_bytes_now(), engine_need(params)
+        if free is None or needed is None:
+            return []
+        stop = []
+        for server in idle:
+            if free >= needed:
+                break
+            stop.append(server)
+            server.events["stopped_for_room"] = True
+            free += engine_need(server.params) or 0
+        if stop:
+            log.info("stopping %d idle vLLM engine(s) to make room for config %s's engine (%.1f GiB needed)",
+                     len(stop), params.config, needed / gpu_memory.GIB)
+        return stop
 
     def _lease_to(self, server: _Server, who: str) -> None:
         server.state = "busy"

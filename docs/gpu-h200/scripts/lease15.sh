@@ -1,0 +1,91 @@
+#!/bin/bash
+# Lease 15: the Qwen and Gemma 3 rows of params/campaign-gpu-families.yaml (SmolLM2's ran whole in lease 14): each
+# model's primary and screened cohorts on the arith task on vLLM's multi-process engine and in-process, and each
+# model's batch-invariant stage, from a copy of the campaign file without SmolLM2's rows, its 8 configurations at
+# once (the engines ask for their weights, KV cache and headroom; idle ones make room). Gemma 3 with the wider pivot
+# search of its params files (40 + 40 problems, margin 2.0). Beside it, each model on the transformers engine on
+# CUDA (params/gpu-families-*-hf.yaml; Qwen's up to its replay stage). Qwen's GGUF is converted on the device by
+# `python -m replaylib.models fetch` (gguf's reference dequantizer, the pinned tokenizer checked); Gemma 3 comes
+# converted (transformers 5.23), as in lease 14.
+#   lease15.sh parts        copy the parts this call carried under /tmp; the first call also starts the chain
+#   lease15.sh poll SECS    wait up to SECS for the chain's end; report; pack logs and records (no caches, no
+#                           saved states) into $OUT
+# Parts (docs/gpu-h200/scripts/lease14_parts.sh): the vLLM wheelhouse (.gpu/pNN), the extra wheels (.whl/x0),
+# Gemma 3's converted directory as an xz'd tar (.whl/mNN), Qwen's GGUF (.whl/qNN), each split at 48M.
+L=/tmp/logs; mkdir -p $L
+HERE=$(cd "$(dirname "$0")" && pwd)
+source $HERE/chainlib.sh
+source $HERE/lease15.parts  # N_* and *_SHA of the parts
+case $1 in
+parts)
+  for d in .gpu/p[0-9]*; do [ -d "$d" ] && put $d /tmp/whp; done
+  for d in .whl/x[0-9]*; do [ -d "$d" ] && put $d /tmp/xp; done
+  for k in m q; do for d in .whl/$k[0-9]*; do [ -d "$d" ] && put $d /tmp/${k}p; done; done
+  if [ ! -f $L/chain.started ]; then
+    rm -rf /tmp/repo && mkdir -p /tmp/repo && tar --exclude=./.gpu --exclude=./.whl -cf - . | tar -xf - -C /tmp/repo
+    touch $L/chain.started
+    setsid bash /tmp/repo/docs/gpu-h200/scripts/lease15.sh chain > $L/chain.out 2>&1 < /dev/null &
+  fi
+  echo "parts: wheelhouse $(ls /tmp/whp 2>/dev/null | wc -l)/$N_WH extra $(ls /tmp/xp 2>/dev/null | wc -l)/$N_X" \
+    "qwen $(ls /tmp/qp 2>/dev/null | wc -l)/$N_Q gemma $(ls /tmp/mp 2>/dev/null | wc -l)/$N_M;" \
+    "$(tail -1 $L/progress 2>/dev/null)";;
+chain)
+  export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 REPLAYLIB_MODELS=/tmp/models TQDM_DISABLE=1 RAY_USAGE_STATS_ENABLED=0
+  export VLLM_USE_FLASHINFER_SAMPLER=0 REPLAYLIB_OUT=/tmp/rl
+  cd /tmp/repo
+  echo "=== chain start $(date -u +%T) commit $(cat COMMIT 2>/dev/null)" >> $L/progress
+  ( while [ ! -f $L/ALLDONE ]; do echo "$(date -u +%T),$(nvidia-smi --query-gpu=memory.used,utilization.gpu \
+      --format=csv,noheader | tr -d ' ')" >> $L/gpu_memory.csv; sleep 15; done ) &
+  wait_for /tmp/whp $N_WH; wait_for /tmp/xp $N_X
+  checked "/tmp/whp/wh.part-*" $WH_SHA && checked "/tmp/xp/x.part-*" $X_SHA || fail "wheel parts"
+  install_wheels || fail install
+  export PYTHONPATH=/tmp/site:/tmp/repo
+  step versions 120 bash -c 'date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv;
+    python3 -c "import sys, vllm, torch, transformers, tokenizers, papermill; print(sys.version); print(\"vllm\", vllm.__version__, \"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"transformers\", transformers.__version__, \"tokenizers\", tokenizers.__version__, \"papermill\", papermill.__version__)"; cat COMMIT 2>/dev/null; nproc; free -g'
+  mkdir -p /tmp/gg
+  wait_for /tmp/qp $N_Q
+  checked "/tmp/qp/*" $Q_SHA || fail "qwen parts"
+  cat /tmp/qp/* > /tmp/gg/qwen.gguf && rm -rf /tmp/qp
+  step convert_qwen 600 python3 -m replaylib.models fetch qwen2.5-coder-0.5b-instruct --gguf /tmp/gg/qwen.gguf ||
+    fail "qwen conversion"
+  hf() { step hf_$1 1500 python3 -m replaylib.run params/gpu-families-$1-hf.yaml --out /tmp/rlhf "${@:2}"; }
+  ( hf qwen --upto 03_three_pass_replay ) & side=($!)
+  wait_for /tmp/mp $N_M
+  checked "/tmp/mp/*" $M_SHA || fail "gemma parts"
+  step gemma_dir 300 bash -c 'mkdir -p /tmp/models && cat /tmp/mp/* | python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)" | tar -xf - -C /tmp/models && rm -rf /tmp/mp &&
+    python3 -m replaylib.models fetch gemma-3-270m && python3 -c "
+from pathlib import Path
+from replaylib.measure.models import EMBEDDED_MODELS, check_tokenizer
+check_tokenizer(Path(\"/tmp/models/gemma-3-270m\"), EMBEDDED_MODELS[\"gemma-3-270m\"]); print(\"tokenizer as pinned\")"' ||
+    fail "gemma directory"
+  ( hf gemma3 ) & side+=($!)
+  python3 - <<'PY' || fail "campaign copy"
+import yaml
+src = yaml.safe_load(open("params/campaign-gpu-families.yaml"))
+keep = lambda rows: [r for r in rows if not r["label"].startswith("SmolLM2")]
+src["rows"], src["invariant"] = keep(src["rows"]), keep(src["invariant"])
+src["figure3"] = [p for p in src["figure3"] if "smollm2" not in p]
+src["concurrent_configs"] = 8
+yaml.safe_dump(src, open("params/campaign-gpu-families-lease15.yaml", "w"), sort_keys=False)
+PY
+  step campaign 1700 python3 -m replaylib.campaign params/campaign-gpu-families-lease15.yaml --stages-only
+  wait ${side[@]}  # not the memory monitor, which ends with ALLDONE
+  step smi 60 nvidia-smi --query-gpu=name,memory.used --format=csv
+  step leftovers 60 bash -c 'ps aux | grep -E "vllm|EngineCore|replaylib" | grep -v grep | wc -l'
+  touch $L/ALLDONE;;
+poll)
+  t0=$(date +%s); while [ $(( $(date +%s) - t0 )) -lt ${2:-60} ] && [ ! -f $L/ALLDONE ]; do sleep 3; done
+  cat $L/progress 2>/dev/null
+  for f in $L/campaign.log $L/hf_*.log; do [ -f $f ] && { echo "--- $(basename $f)"
+    grep -E "rror|Traceback|finished|failed|FAILED|done|waiting|room" $f | tail -8 | cut -c1-300; }; done
+  tail -2 $L/gpu_memory.csv 2>/dev/null
+  if [ -n "$OUT" ]; then
+    tar -czf $OUT/logs.tgz -C /tmp logs $(cd /tmp && ls -d rl/runs/campaign-*/logs rl/runs/.engines 2>/dev/null)
+    for root in rl rlhf; do
+      [ -d /tmp/$root ] && (cd /tmp && tar -czf /tmp/$root.tgz --exclude=.vllm-cache --exclude='*.safetensors' \
+        --exclude=state --exclude=states $root && split -b 15M -d -a 1 /tmp/$root.tgz $OUT/$root.tgz.part-)
+    done
+    du -sh /tmp/rl /tmp/rlhf 2>/dev/null; ls -la $OUT
+  fi;;
+*) echo "usage: lease15.sh parts|poll SECS"; exit 2;;
+esac
