@@ -2,7 +2,8 @@
 credit/skipped; strict raises it), rewards get what GRPOTrainer gives them, GRPO's repeated rows get unique ids,
 a budget per step (a share of the last step's own time, from an injected clock here), the rates pooled over the
 run with their intervals and the statistics stage's verdict, nothing logged that is not a number, every pivot a
-row of <output_dir>/credit/pivots.jsonl; and the two examples on the CPU."""
+row of <output_dir>/credit/pivots.jsonl; a step of two prompts sampled in one padded generate batch certified
+bit-exact; and the two examples on the CPU."""
 import json
 import logging
 import math
@@ -53,7 +54,7 @@ class FakeTrainer(SimpleNamespace):
             return {}
         super().__init__(state=SimpleNamespace(global_step=0), model=SimpleNamespace(training=True),
                          _metrics={"train": defaultdict(list)}, _generate_and_score_completions=sample_and_score,
-                         add_callback=lambda callback: None)
+                         add_callback=lambda callback: None, use_vllm=True)  # (no generate to record)
 
     def step(self, callback, rest_s: float, clock: list) -> None:
         """One optimizer step: sampling (credit runs after it), then the rest of the step."""
@@ -224,6 +225,38 @@ def test_a_grpo_run_whose_credit_fails_trains_on_with_one_warning(tmp_path, capl
         assert entry["credit/skipped"] == 1.0
     said = [r.getMessage() for r in caplog.records if "no credit at this step" in r.getMessage()]
     assert len(said) == 1 and "wrong_format" in said[0]
+
+
+def test_a_grpo_step_sampling_two_prompts_in_one_padded_generate_batch_is_certified_bit_exact(tmp_path):
+    """TRL's transformers path samples a step's 2 prompts x 4 generations in one left-padded generate call and
+    keeps no logprobs of it: the callback records the sampled tokens' logprobs as generate samples them, and
+    forces the batch as generate batched it; every rollout of both prompts is bit-exact."""
+    import torch
+    import trl_grpo_credit as example
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+    dataset = [{"prompt": [{"role": "user", "content": "What is 2 + 3?"}], "answer": "5"},
+               {"prompt": [{"role": "user", "content": "Tom has 12 apples and buys 30 more: how many now?"}],
+                "answer": "42"}]
+    torch.manual_seed(0)
+    model, tokenizer = example.tiny_model_and_tokenizer()
+    lengths = {len(tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True,
+                                                 return_dict=True)["input_ids"]) for row in dataset}
+    assert len(lengths) == 2  # the shorter prompt is padded
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, fp16=False, activation_checkpointing=False,
+                      per_device_train_batch_size=8, gradient_accumulation_steps=1, num_generations=4,
+                      max_completion_length=8, max_steps=1, logging_steps=1, report_to="none", save_strategy="no",
+                      use_vllm=False, beta=0.0, temperature=1.0, seed=0, dataloader_num_workers=0, disable_tqdm=True)
+    trainer = GRPOTrainer(model=model, reward_funcs=[example.correct], args=args,
+                          train_dataset=Dataset.from_list(dataset), processing_class=tokenizer)
+    CreditCallback(every=1, budget_share=None, strict=True, k=1, margin=50.0, max_pivots_per_rollout=1,
+                   max_cont_tokens=2).attach(trainer)
+    trainer.train()
+    pivots = [json.loads(line) for line in (tmp_path / "credit" / "pivots.jsonl").read_text().splitlines()]
+    assert len({p["id"] for p in pivots}) == 8 and len({p["prompt"] for p in pivots}) == 2
+    assert {p["certificate"] for p in pivots} == {"bit-exact"}, [(p["id"], p["certificate"]) for p in pivots]
+    logged = next(e for e in trainer.state.log_history if "credit/certified" in e)
+    assert logged["credit/certified"] == logged["credit/pivots"] == 8
 
 
 @pytest.mark.parametrize("flags", [[], ["--typed-rows"]])

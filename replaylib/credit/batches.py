@@ -9,10 +9,12 @@ verl's ``prompts/responses/attention_mask`` with ``data_source``, ``reward_model
 and ``extra_info``. Errors name the row as ``batch:N`` (N from 1)."""
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
 
-from .inputs import ALIASES, BadInput, Rollout, collect, read_rollouts
+from .inputs import ALIASES, BadInput, Rollout, SampledBatch, _field, collect, read_rollouts
 
 # verl's DataProto tensors that the tool reads; its others (input_ids, position_ids, old_log_probs, ...) are
 # derived from these or the trainer's own, and are left out
@@ -103,9 +105,43 @@ def rollout_dicts(batch) -> list[dict]:
                    f"per-row columns (TRL's prompt_ids/completion_ids with their masks) or a verl DataProto")
 
 
-def read_input(source, vocab: int) -> tuple[str, list[Rollout]]:
+def sampled_together(rows: list[dict], rollouts: list[Rollout]) -> None:
+    """Give every rollout the batch its rows form, as a sampler decoded them (forcing="batch"): the rows in
+    order, their prompts left-padded to the widest prompt as given (a padded batch's width). A prompt whose
+    mask pads it elsewhere than on the left was not sampled so."""
+    widths = []
+    for n, row in enumerate(rows, 1):
+        if not isinstance(row, dict):
+            raise BadInput(f"batch:{n}: a {type(row).__name__}; forcing 'batch' reads the sampler's rows as dicts or "
+                           f"columns (TRL's prompt_ids/prompt_mask/completion_ids/completion_mask)")
+        prompt = _field(row, "prompt_ids", f"batch:{n}")
+        mask = row.get("prompt_mask")
+        if mask is None and row.get("attention_mask") is not None:  # verl's: over prompt + response
+            mask = row["attention_mask"][:len(prompt)]
+        if mask is not None and list(mask) != sorted(mask):
+            raise BadInput(f"batch:{n}: field 'prompt_mask' pads the prompt elsewhere than on the left; forcing "
+                           f"'batch' rebuilds a left-padded batch, as generate takes it: give the sampler's "
+                           f"left-padded prompts, or forcing 'groups'")
+        widths.append(len(prompt))
+    prompts, responses = [r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts]
+    digest = hashlib.sha256(json.dumps([max(widths), prompts, responses]).encode()).hexdigest()
+    batch = SampledBatch(prompts, responses, max(widths), digest)
+    for i, r in enumerate(rollouts):  # a rollout forced in another batch is another shard
+        r.batch, r.batch_row = batch, i
+        r.digest = hashlib.sha256(f"{r.digest}|{digest}|{i}".encode()).hexdigest()
+
+
+def read_input(source, vocab: int, as_sampled: bool = False) -> tuple[str, list[Rollout]]:
     """(what errors name, the rollouts) of a JSONL path, or of a batch given in Python, its rows named
-    batch:N (N from 1); nothing is written."""
+    batch:N (N from 1); nothing is written. as_sampled: the batch's rows are one batch of the sampler's
+    (sampled_together)."""
     if isinstance(source, (str, os.PathLike)):
+        if as_sampled:
+            raise BadInput(f"{source}: forcing 'batch' takes the sampler's batch given in Python (TRL's prompt_ids "
+                           f"and prompt_mask, ...), not a file; use forcing 'groups' for a file")
         return str(source), read_rollouts(Path(source), vocab)
-    return "batch", collect(enumerate(rollout_dicts(source), 1), "batch", vocab)
+    rows = rollout_dicts(source)
+    rollouts = collect(enumerate(rows, 1), "batch", vocab)
+    if as_sampled:
+        sampled_together(rows, rollouts)
+    return "batch", rollouts

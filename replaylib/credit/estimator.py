@@ -107,12 +107,18 @@ class Estimator:
         finally:
             self.live.train(training)
 
-    def __call__(self, batch, budget_s: float | None = None) -> pd.DataFrame:
+    def __call__(self, batch, budget_s: float | None = None, first: int | None = None) -> pd.DataFrame:
         """This batch's credit: one row per pivot (the columns of credit.parquet); its summary in ``summary``.
         budget_s: the seconds this call may take; the rollouts are taken in order while their estimated cost
-        fits (a calibration on the first call's first group, then what the groups measured took)."""
+        fits (a calibration on the first call's first group, then what the groups measured took). first: at most
+        the batch's first this many rollouts (with forcing "batch" the whole batch is still forced, as sampled)."""
         started = time.perf_counter()
+        if first is not None and (isinstance(first, bool) or not isinstance(first, int) or first < 1):
+            raise BadInput(f"Estimator: first {first!r}: give a number of rollouts, at least 1, or None for all")
         source, rollouts, inputs = read_checked(batch, self.settings, self.vocab, self.context)
+        if first is not None and first < len(rollouts):
+            rollouts = rollouts[:first]
+            inputs = {"groups": groups_of(rollouts), "path": source}
         with self._evaluating():
             if self.cost is None:
                 self.cost = Cost(self.settings, self.executor.call(calibrate, self.settings, inputs["groups"][0]))

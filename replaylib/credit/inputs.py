@@ -40,6 +40,17 @@ class BadInput(ValueError):
     """One line: the file, the line, the field, the fix."""
 
 
+@dataclass(eq=False)
+class SampledBatch:
+    """The padded batch a sampler decoded rollouts in, for forcing them as it batched them: every row's prompt
+    and response (padding dropped) in the batch's order, and the width its prompts were left-padded to (its
+    padding included, pad_to_multiple_of's too). One object per batch read; its rollouts share it."""
+    prompts: list
+    responses: list
+    width: int
+    digest: str
+
+
 @dataclass
 class Rollout:
     line: int
@@ -56,6 +67,9 @@ class Rollout:
     columns: dict | None = None  # the line's other fields (a dataset's columns), for TRL-style graders
     # the name the ground truth was read from (TRL-style graders get it under that name)
     ground_truth_name: str = dataclasses.field(default="ground_truth", compare=False)
+    # forcing="batch": the batch the rollout was sampled in, and its row there
+    batch: SampledBatch | None = dataclasses.field(default=None, compare=False)
+    batch_row: int = -1
 
 
 def _lookup(obj: dict, name: str):

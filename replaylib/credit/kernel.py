@@ -9,11 +9,13 @@ from __future__ import annotations
 import hashlib
 import inspect
 import time
+import weakref
 
 import pandas as pd
 
 from ..measure import credit as kernel
 from ..measure.credit_certificate import Observer, certificate
+from ..measure.state import ResidentState
 from ..measure.units import Kernel, Outputs, Unit
 from . import graders
 from .inputs import BadInput
@@ -51,6 +53,24 @@ def observes(engine) -> bool:
     return "observe" in inspect.signature(engine.force_trunks).parameters
 
 
+# the last batch forced (forcing "batch"), by the batch it forced: its groups are computed one after another
+FORCED = weakref.WeakKeyDictionary()
+
+
+def batch_rows(engine, group: list, width: int, observe: dict):
+    """A group's trunks and decode-time states out of its whole sampled batch forced as the sampler batched it
+    (the batch forced once for all its groups on this engine)."""
+    batch = group[0].batch
+    key = (id(engine), width, getattr(observe.get("observe"), "temperature", None))
+    if FORCED.get(batch, (None,))[0] != key:
+        FORCED.clear()  # one batch's states held at a time
+        FORCED[batch] = (key, *engine.force_batch(batch.prompts, batch.responses, batch.width, width, **observe))
+    _, trunks, state = FORCED[batch]
+    rows = [r.batch_row for r in group]
+    return [trunks[b] for b in rows], ResidentState({i: state[b] for i, b in enumerate(rows)},
+                                                    {i: state.expected[b] for i, b in enumerate(rows)})
+
+
 def group_rows(engine, settings, group: list, path: str) -> dict:
     """One group's rows: forced decoding, pivots, passes, certificates (runs where the engine is); the
     seconds and tokens of the forced decoding and of each pass, and the grader's counts."""
@@ -61,7 +81,10 @@ def group_rows(engine, settings, group: list, path: str) -> dict:
     started = time.perf_counter()
     # where the engine hands out its logits, what the certificates compare with is kept at every step
     observe = {"observe": Observer(width, settings.logprobs_temperature)} if observes(engine) else {}
-    trunks, state = engine.force_trunks(group[0].prompt_ids, [r.response_ids for r in group], width, **observe)
+    if group[0].batch is not None:
+        trunks, state = batch_rows(engine, group, width, observe)
+    else:
+        trunks, state = engine.force_trunks(group[0].prompt_ids, [r.response_ids for r in group], width, **observe)
     timing["forced decoding"] = {"seconds": time.perf_counter() - started,
                                  "tokens": sum(len(r.response_ids) for r in group)}
     pivots, seeds = [], []

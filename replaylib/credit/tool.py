@@ -28,6 +28,7 @@ from .kernel import KERNEL, ROOTS, groups_of
 from .outdir import check_out, holding
 
 log = logging.getLogger("replaylib")
+FORCINGS = ("groups", "batch")
 WHERE = ("executor", "workers", "ray_address", "kv_cache_gib")  # where groups run and in what memory: in no shard's
 # key (a cache too small to hold a pivot's blocks shows in the rows' verification, and the engine's description
 # holds its size)
@@ -57,6 +58,9 @@ class Settings:
     grader_timeout: float = graders.DEFAULT_TIMEOUT  # seconds per call of a user's grader
     grader_kind: str = "auto"  # how a user's grader is called: auto (from its parameters), verl, trl, openrlhf
     logprobs_temperature: float = 1.0  # the temperature per-position logprobs were taken at
+    # how the decode-time states are rebuilt: each prompt's rollouts forced together ("groups"), or a padded batch's
+    # rows all together as transformers' generate sampled them ("batch": its left padding, finished rows kept)
+    forcing: str = "groups"
     serving: str = "multiprocess"  # vLLM: its default multi-process engine (as pipelines run it) or in-process
     gpu_memory_utilization: float = 0.9  # vLLM: the share of GPU memory for weights and (with kv_cache_gib 0) cache
     kv_cache_gib: float = 4.0  # vLLM: a fixed KV cache, so that the engine starts beside others on one GPU
@@ -85,10 +89,18 @@ class Settings:
                            "--engine vllm")
         if self.executor not in ("local", "ray"):
             raise BadInput(f"--executor {self.executor}: choose local or ray")
+        if self.forcing not in FORCINGS:
+            raise BadInput(f"forcing {self.forcing!r}: choose {' or '.join(FORCINGS)}")
+        if self.forcing == "batch" and (self.engine != "hf" or self.invariant):
+            raise BadInput("forcing 'batch' rebuilds transformers' generate batch on the transformers engine, which "
+                           f"{'--invariant runs one sequence at a time' if self.invariant else '--engine vllm is not'}; "
+                           "use forcing 'groups'")
         graders.check_kind(self.grader_kind)
 
     def key(self) -> str:
         what = {k: v for k, v in asdict(self).items() if k not in WHERE + ("grader_timeout",)}
+        if self.forcing == "groups":  # the default adds nothing: shards written without the setting stay valid
+            del what["forcing"]
         return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
     def pass_settings(self) -> PassSettings:
@@ -251,7 +263,7 @@ def judged(frame: pd.DataFrame) -> dict:
 def read_checked(batch, settings: Settings, vocab: int, context: int | None) -> tuple[str, list, dict]:
     """(what errors name, the rollouts, the kernel's inputs) of a JSONL path or a batch, every rollout checked
     against the settings and the model's context (BadInput: the first bad one)."""
-    source, rollouts = read_input(batch, vocab)
+    source, rollouts = read_input(batch, vocab, as_sampled=settings.forcing == "batch")
     check_seeds(rollouts, settings, source)
     check_lengths(rollouts, context, settings, source)
     return source, rollouts, {"groups": groups_of(rollouts), "path": source}

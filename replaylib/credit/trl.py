@@ -23,6 +23,7 @@ intervals and the verdict, are logged beside each step's numbers; every pivot is
 ``<output_dir>/credit/pivots.jsonl``."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -30,7 +31,8 @@ import math
 import time
 from pathlib import Path
 
-from transformers import TrainerCallback
+import torch
+from transformers import LogitsProcessor, StoppingCriteria, TrainerCallback
 
 from .estimator import Once
 from .inputs import ALIASES, BadInput
@@ -88,6 +90,63 @@ class TrainerReward:
                        trainer_state=self.trainer.state, log_extra=_ignored, log_metric=_ignored, **columns)
 
 
+class SampledLogprobs:
+    """What TRL keeps of vLLM's sampling (sampling_per_token_logps) but not of transformers' generate: each sampled
+    token's logprob at the trainer's temperature, log softmax(logits / T), from the logits generate sampled it
+    from. A logits processor takes those logits (the model's own, unless a processor generate adds before a
+    caller's, such as a repetition penalty, changed them; temperature, top-k and top-p come after it), and a
+    stopping criterion, called once the token is appended, takes the token."""
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.calls, self.steps, self.pending = 0, [], None
+        recorder = self
+
+        class Logits(LogitsProcessor):
+            def __call__(self, input_ids, scores):
+                recorder.pending = torch.log_softmax(scores / recorder.temperature, dim=-1)
+                return scores
+
+        class Sampled(StoppingCriteria):
+            def __call__(self, input_ids, scores, **kwargs):
+                recorder.steps.append(recorder.pending.gather(1, input_ids[:, -1:])[:, 0].float().cpu())
+                return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+        self.processor, self.criterion = Logits(), Sampled()
+
+    @contextlib.contextmanager
+    def around(self, model):
+        """model.generate records while in this block (its class's method again after)."""
+        from transformers import LogitsProcessorList, StoppingCriteriaList
+        own = model.__dict__.get("generate")
+        generate = model.generate
+
+        def recording(*args, logits_processor=None, stopping_criteria=None, **kwargs):
+            self.calls += 1
+            self.steps = []
+            return generate(*args, logits_processor=LogitsProcessorList([self.processor, *(logits_processor or [])]),
+                            stopping_criteria=StoppingCriteriaList([*(stopping_criteria or []), self.criterion]),
+                            **kwargs)
+
+        model.generate = recording
+        try:
+            yield self
+        finally:
+            if own is None:
+                del model.generate
+            else:
+                model.generate = own
+
+    def per_token(self, completion_ids):
+        """Rows x completion positions, as TRL's sampling_per_token_logps (0 past a row's end), when one generate
+        call sampled these completions; else None (nothing recorded to certify)."""
+        rows, width = completion_ids.shape
+        if self.calls != 1 or not self.steps or self.steps[0].shape[0] != rows:
+            return None
+        found = torch.stack(self.steps, dim=1)[:, :width]
+        return torch.nn.functional.pad(found, (0, width - found.shape[1]))
+
+
 class CreditCallback(TrainerCallback):
     """every: measure every N optimizer steps. sample: at most this many of a step's rollouts (None: all that fit
     the budget). budget_share: credit's seconds at most this share of a step's own time (None: no budget);
@@ -115,6 +174,7 @@ class CreditCallback(TrainerCallback):
         self.pooled = Pooled()
         self.warn = Once(lambda line: log.warning("warning: %s", line))
         self.step_began = self.step_s = None  # when this step began; the last step's own seconds
+        self.sampled_logps = None  # this step's sampled tokens' logprobs, recorded where TRL keeps none
         self.spent = 0.0  # credit's seconds in this step
         self.verdict = None
 
@@ -125,16 +185,28 @@ class CreditCallback(TrainerCallback):
 
         def wrapped(inputs):
             began = self.clock()
-            out = sample_and_score(inputs)
             step = trainer.state.global_step + 1  # the optimizer step these rollouts are for
-            if trainer.model.training and (step - 1) % self.every == 0 and step not in self.measured:
+            measuring = trainer.model.training and (step - 1) % self.every == 0 and step not in self.measured
+            recorder = SampledLogprobs(float(trainer.args.temperature)) if measuring and self.generates() else None
+            with recorder.around(trainer.accelerator.unwrap_model(trainer.model)) if recorder else \
+                    contextlib.nullcontext():
+                out = sample_and_score(inputs)
+            if measuring:
                 self.measured.add(step)
+                self.sampled_logps = recorder.per_token(out["completion_ids"]) if recorder else None
                 self.log(self.run(out, inputs, step, self.budget(self.clock() - began)))
             return out
 
         trainer._generate_and_score_completions = wrapped
         trainer.add_callback(self)
         return self
+
+    def generates(self) -> bool:
+        """Whether the trainer samples with transformers' generate, in a padded batch this package can rebuild
+        (not with vLLM, nor with transformers' continuous batching)."""
+        trainer = self.trainer
+        return not (getattr(trainer, "use_vllm", False) or getattr(trainer, "use_transformers_continuous_batching",
+                                                                    False))
 
     def budget(self, sampled_s: float) -> float | None:
         """This step's seconds for credit: budget_s, or budget_share of the last step's own time (the first
@@ -171,7 +243,9 @@ class CreditCallback(TrainerCallback):
         grader = self.grader or trainer.reward_funcs[0]
         if callable(grader) and not isinstance(grader, str) and kind_of(grader) == "trl":
             self.reward = grader = TrainerReward(grader, trainer)
-        settings = {"logprobs_temperature": float(trainer.args.temperature), **self.settings}
+        # transformers' generate sampled the step's rows in one left-padded batch: forced as it batched them
+        forcing = "batch" if self.generates() and not self.settings.get("invariant") else "groups"
+        settings = {"logprobs_temperature": float(trainer.args.temperature), "forcing": forcing, **self.settings}
         self.estimator = Estimator(model=trainer.accelerator.unwrap_model(trainer.model),
                                    tokenizer=trainer.processing_class, grader=grader, **settings)
         if self.reward is not None:  # the graded text's token ids, for the reward's completion_ids
@@ -186,10 +260,12 @@ class CreditCallback(TrainerCallback):
             engine.decode = remembered
 
     def batch(self, out: dict, inputs: list[dict], step: int) -> dict:
-        """A step's rollouts (the first ``sample``) as the estimator reads a TRL batch: its tensors, unique ids,
-        the sampler's logprobs of the sampled tokens where TRL kept them, and what the grader reads: for a TRL reward the row's
-        number (it reads the row itself), else the answer column and the dataset's other columns."""
-        rows = inputs if self.sample is None else inputs[:self.sample]
+        """A step's rollouts as the estimator reads a TRL batch (all of them: the estimator measures the first
+        ``sample``, and forces the batch whole): its tensors, unique ids, the sampler's logprobs of the sampled
+        tokens where TRL kept them (vLLM's) or they were recorded (generate's), and what the grader reads: for a TRL
+        reward the row's number (it reads the row itself), else the answer column and the dataset's other
+        columns."""
+        rows = inputs
         n = len(rows)
         batch = {k: out[k][:n] for k in TENSORS}
         if self.reward is None:
@@ -208,6 +284,8 @@ class CreditCallback(TrainerCallback):
             batch["ground_truth"] = [str(row.get(self.ground_truth, "")) or "-" for row in rows]
         batch["id"] = rollout_ids(rows, step)
         logprobs = out.get(SAMPLER_LOGPROBS)
+        if logprobs is None:
+            logprobs = self.sampled_logps
         if logprobs is not None:  # the sampled tokens' logprobs, at the trainer's temperature (the estimator's)
             batch["logprobs"] = logprobs[:n]
         return batch
@@ -216,7 +294,7 @@ class CreditCallback(TrainerCallback):
         """The credit metrics of one step (names without the prefix): the estimator's, and the pooled ones."""
         if self.estimator is None:
             self.start()
-        frame = self.estimator(self.batch(out, inputs, step), budget_s=budget_s)
+        frame = self.estimator(self.batch(out, inputs, step), budget_s=budget_s, first=self.sample)
         self.pooled.add(frame)
         self.write_pivots(frame, step)
         if self.pooled.verdict is not None and self.pooled.verdict.verdict != getattr(self.verdict, "verdict", None):
