@@ -1,12 +1,13 @@
 #!/bin/bash
 # Lease 15: the Qwen and Gemma 3 rows of params/campaign-gpu-families.yaml (SmolLM2's ran whole in lease 14): each
 # model's primary and screened cohorts on the arith task on vLLM's multi-process engine and in-process, and each
-# model's batch-invariant stage, from a copy of the campaign file without SmolLM2's rows, its 8 configurations at
-# once (the engines ask for their weights, KV cache and headroom; idle ones make room). Gemma 3 with the wider pivot
-# search of its params files (40 + 40 problems, margin 2.0). Beside it, each model on the transformers engine on
-# CUDA (params/gpu-families-*-hf.yaml; Qwen's up to its replay stage). Qwen's GGUF is converted on the device by
-# `python -m replaylib.models fetch` (gguf's reference dequantizer, the pinned tokenizer checked); Gemma 3 comes
-# converted (transformers 5.23), as in lease 14.
+# model's batch-invariant stage, run as two copies of the campaign file, one per model, each with its 4
+# configurations at once, Gemma 3's as soon as its parts are here (the engines ask for their weights, KV cache and
+# headroom; idle ones make room). Gemma 3 with the wider pivot search of its params files (40 + 40 problems, margin
+# 2.0) and, beside it, on the transformers engine on CUDA (params/gpu-families-gemma3-hf.yaml). Qwen's GGUF is
+# converted on the device by `python -m replaylib.models fetch` (gguf's reference dequantizer, the pinned tokenizer
+# checked); Gemma 3 comes converted (transformers 5.23), as in lease 14. Refused starts left 19 of the 30 minutes,
+# so Qwen on the transformers engine on CUDA (lease 11: GSM8K) was left out.
 #   lease15.sh parts        copy the parts this call carried under /tmp; the first call also starts the chain
 #   lease15.sh poll SECS    wait up to SECS for the chain's end; report; pack logs and records (no caches, no
 #                           saved states) into $OUT
@@ -42,14 +43,20 @@ chain)
   export PYTHONPATH=/tmp/site:/tmp/repo
   step versions 120 bash -c 'date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv;
     python3 -c "import sys, vllm, torch, transformers, tokenizers, papermill; print(sys.version); print(\"vllm\", vllm.__version__, \"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"transformers\", transformers.__version__, \"tokenizers\", tokenizers.__version__, \"papermill\", papermill.__version__)"; cat COMMIT 2>/dev/null; nproc; free -g'
-  mkdir -p /tmp/gg
-  wait_for /tmp/qp $N_Q
-  checked "/tmp/qp/*" $Q_SHA || fail "qwen parts"
-  cat /tmp/qp/* > /tmp/gg/qwen.gguf && rm -rf /tmp/qp
-  step convert_qwen 600 python3 -m replaylib.models fetch qwen2.5-coder-0.5b-instruct --gguf /tmp/gg/qwen.gguf ||
-    fail "qwen conversion"
   hf() { step hf_$1 1500 python3 -m replaylib.run params/gpu-families-$1-hf.yaml --out /tmp/rlhf "${@:2}"; }
-  ( hf qwen --upto 03_three_pass_replay ) & side=($!)
+  campaign() {  # NAME ROWS-PREFIX: a copy of the three-family campaign with the rows of one model, run whole
+    python3 - "$1" "$2" <<'PY' || { echo "=== FAILED: campaign copy $1" >> $L/progress; return 1; }
+import sys, yaml
+name, prefix = sys.argv[1:]
+src = yaml.safe_load(open("params/campaign-gpu-families.yaml"))
+keep = lambda rows: [r for r in rows if r["label"].startswith(prefix)]
+src["name"], src["rows"], src["invariant"] = name, keep(src["rows"]), keep(src["invariant"])
+src["figure1"] = src["rows"][0]["label"]
+src["figure3"] = [p for p in src["figure3"] if any(p in r["params"] for r in src["rows"])]
+src["concurrent_configs"] = 4
+yaml.safe_dump(src, open(f"params/campaign-{name}.yaml", "w"), sort_keys=False)
+PY
+    step campaign_$1 1700 python3 -m replaylib.campaign params/campaign-$1.yaml --stages-only; }
   wait_for /tmp/mp $N_M
   checked "/tmp/mp/*" $M_SHA || fail "gemma parts"
   step gemma_dir 300 bash -c 'mkdir -p /tmp/models && cat /tmp/mp/* | python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)" | tar -xf - -C /tmp/models && rm -rf /tmp/mp &&
@@ -58,17 +65,15 @@ from pathlib import Path
 from replaylib.measure.models import EMBEDDED_MODELS, check_tokenizer
 check_tokenizer(Path(\"/tmp/models/gemma-3-270m\"), EMBEDDED_MODELS[\"gemma-3-270m\"]); print(\"tokenizer as pinned\")"' ||
     fail "gemma directory"
+  ( campaign families-gemma3 Gemma ) & side=($!)
   ( hf gemma3 ) & side+=($!)
-  python3 - <<'PY' || fail "campaign copy"
-import yaml
-src = yaml.safe_load(open("params/campaign-gpu-families.yaml"))
-keep = lambda rows: [r for r in rows if not r["label"].startswith("SmolLM2")]
-src["rows"], src["invariant"] = keep(src["rows"]), keep(src["invariant"])
-src["figure3"] = [p for p in src["figure3"] if "smollm2" not in p]
-src["concurrent_configs"] = 8
-yaml.safe_dump(src, open("params/campaign-gpu-families-lease15.yaml", "w"), sort_keys=False)
-PY
-  step campaign 1700 python3 -m replaylib.campaign params/campaign-gpu-families-lease15.yaml --stages-only
+  mkdir -p /tmp/gg
+  wait_for /tmp/qp $N_Q
+  checked "/tmp/qp/*" $Q_SHA || fail "qwen parts"
+  cat /tmp/qp/* > /tmp/gg/qwen.gguf && rm -rf /tmp/qp
+  step convert_qwen 600 python3 -m replaylib.models fetch qwen2.5-coder-0.5b-instruct --gguf /tmp/gg/qwen.gguf ||
+    fail "qwen conversion"
+  campaign families-qwen Qwen
   wait ${side[@]}  # not the memory monitor, which ends with ALLDONE
   step smi 60 nvidia-smi --query-gpu=name,memory.used --format=csv
   step leftovers 60 bash -c 'ps aux | grep -E "vllm|EngineCore|replaylib" | grep -v grep | wc -l'
@@ -76,7 +81,7 @@ PY
 poll)
   t0=$(date +%s); while [ $(( $(date +%s) - t0 )) -lt ${2:-60} ] && [ ! -f $L/ALLDONE ]; do sleep 3; done
   cat $L/progress 2>/dev/null
-  for f in $L/campaign.log $L/hf_*.log; do [ -f $f ] && { echo "--- $(basename $f)"
+  for f in $L/campaign_*.log $L/hf_*.log; do [ -f $f ] && { echo "--- $(basename $f)"
     grep -E "rror|Traceback|finished|failed|FAILED|done|waiting|room" $f | tail -8 | cut -c1-300; }; done
   tail -2 $L/gpu_memory.csv 2>/dev/null
   if [ -n "$OUT" ]; then
