@@ -147,11 +147,11 @@ def test_idle_engines_make_room_for_an_engine_that_would_not_fit(standin, monkey
     stops idle engines, least recently used first, until the new one's need fits the free memory; where it fits,
     none is stopped."""
     from replaylib.measure import gpu_memory
-    from replaylib.runtime import engine_service
+    from replaylib.measure import vllm_setup
     gib = gpu_memory.GIB
     free = {"now": 1 * gib}
     monkeypatch.setattr(gpu_memory, "free_bytes_now", lambda: free["now"])
-    monkeypatch.setattr(engine_service, "engine_need", lambda p: int(p.kv_cache_gib * gib) + gib, raising=False)
+    monkeypatch.setattr(vllm_setup, "engine_need", lambda p: int(p.kv_cache_gib * gib) + gib, raising=False)
     with EngineBroker(standin / "out") as broker, mock.patch.dict(os.environ, broker.env()):
         first = ServedExecutor(fake_params(kv_cache_gib=1.0), stage="01")
         first.close()

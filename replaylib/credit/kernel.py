@@ -60,11 +60,12 @@ FORCED = weakref.WeakKeyDictionary()
 def batch_rows(engine, group: list, width: int, observe: dict):
     """A group's trunks and decode-time states out of its whole sampled batch forced as the sampler batched it
     (the batch forced once for all its groups on this engine)."""
+    from ..measure.hf_batch_forcing import force_batch
     batch = group[0].batch
     key = (id(engine), width, getattr(observe.get("observe"), "temperature", None))
     if FORCED.get(batch, (None,))[0] != key:
         FORCED.clear()  # one batch's states held at a time
-        FORCED[batch] = (key, *engine.force_batch(batch.prompts, batch.responses, batch.width, width, **observe))
+        FORCED[batch] = (key, *force_batch(engine, batch.prompts, batch.responses, batch.width, width, **observe))
     _, trunks, state = FORCED[batch]
     rows = [r.batch_row for r in group]
     return [trunks[b] for b in rows], ResidentState({i: state[b] for i, b in enumerate(rows)},

@@ -111,3 +111,17 @@ def free_bytes_now(run=subprocess.run) -> int | None:
         return int(out.stdout.strip()) * 2**20 if out.returncode == 0 else None
     except (OSError, ValueError, subprocess.TimeoutExpired):
         return None
+
+
+def to_stop_for_room(idle: list, free: int | None, needed: int | None, need_of) -> list:
+    """The idle engines to stop, in the order given (least recently used first), until ``needed`` bytes fit the
+    ``free`` ones with what each stopped engine frees (``need_of``); none where either amount is unknown."""
+    stop = []
+    if free is None or needed is None:
+        return stop
+    for engine in idle:
+        if free >= needed:
+            break
+        stop.append(engine)
+        free += need_of(engine) or 0
+    return stop

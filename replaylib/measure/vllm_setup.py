@@ -94,6 +94,18 @@ def memory_need(params, model_dir: str) -> tuple[int, str]:
                     f"{headroom / gpu_memory.GIB:.1f} GiB")
 
 
+def engine_need(params) -> int | None:
+    """memory_need for these parameters' model; None where it cannot be told here (a cache sized by profiling, a
+    model not set up)."""
+    if not params.kv_cache_gib:
+        return None
+    from .models import resolve_model
+    try:
+        return memory_need(params, resolve_model(params.model))[0]
+    except (OSError, ValueError, RuntimeError):
+        return None
+
+
 def memory_share(params, model_dir: str, mem_get_info=None) -> float:
     """The share of the card an engine with a fixed KV cache asks vLLM for: what it needs (weights, cache,
     headroom), once that much is free (replaylib.measure.gpu_memory), never a share sized for an idle card."""

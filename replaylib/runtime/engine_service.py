@@ -42,7 +42,6 @@ import pickle
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,13 +49,14 @@ import threading
 import time
 import traceback
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Listener, answer_challenge, deliver_challenge
+from multiprocessing.connection import Client, Listener
 from pathlib import Path
 from unittest import mock
 
 from ..core import progress
 from ..core.processes import remove_left_behind, stop_with_parent
-from ..measure import gpu_memory
+from ..measure import gpu_memory, vllm_setup
+from .socket_auth import authenticated
 
 log = logging.getLogger("replaylib")
 
@@ -107,19 +107,6 @@ def compile_key(identity: dict) -> str:
     """What an engine's compiled graphs depend on (a first start of a key compiles; later ones reuse)."""
     keep = ("engine", "model", "dtype", "batch_invariant", "attention_backend", "enforce_eager", "max_model_len")
     return json.dumps({k: identity.get(k) for k in keep}, sort_keys=True)
-
-
-def engine_need(params) -> int | None:
-    """What an engine with a fixed KV cache of these parameters needs of the GPU in bytes; None where it cannot be
-    told here (a profiled cache, a model not set up)."""
-    if not params.kv_cache_gib:
-        return None
-    from ..measure.models import resolve_model
-    from ..measure.vllm_setup import memory_need
-    try:
-        return memory_need(params, resolve_model(params.model))[0]
-    except (OSError, ValueError, RuntimeError):
-        return None
 
 
 def profiled(identity: dict) -> bool:
@@ -333,30 +320,6 @@ def _last_line(path: Path) -> str:
     return lines[-1][-300:] if lines else "no output"
 
 
-def _authenticated(conn, key: bytes, timeout_s: float) -> bool:
-    """Whether the peer proves within timeout_s that it holds the key (multiprocessing's challenge both ways,
-    as Listener(authkey=) does in accept(), but with a deadline: a silent peer's socket is shut down)."""
-    lock, finished = threading.Lock(), []
-
-    def hang_up():
-        with lock, contextlib.suppress(OSError):
-            if not finished:
-                with socket.socket(fileno=os.dup(conn.fileno())) as s:
-                    s.shutdown(socket.SHUT_RDWR)  # wakes the read waiting for the peer
-    timer = threading.Timer(timeout_s, hang_up)
-    timer.start()
-    try:
-        deliver_challenge(conn, key)
-        answer_challenge(conn, key)
-        return True
-    except (OSError, EOFError, AuthenticationError):
-        return False
-    finally:
-        with lock:
-            finished.append(True)
-        timer.cancel()
-
-
 class EngineBroker:
     """Leases engine servers to the stages of one run or campaign (see the module's docstring)."""
 
@@ -390,7 +353,7 @@ class EngineBroker:
 
     def _serve_lease(self, conn) -> None:
         server, who = None, "?"
-        if not _authenticated(conn, self.key, AUTH_TIMEOUT_S):
+        if not authenticated(conn, self.key, AUTH_TIMEOUT_S):
             conn.close()
             return
         try:
@@ -458,26 +421,15 @@ class EngineBroker:
         return server, True
 
     def _room_for(self, params, live: list[_Server]) -> list[_Server]:
-        """The idle servers to stop, least recently used first, so that a new engine with a fixed KV cache fits
-        the GPU's free memory: an idle engine would otherwise hold memory a start waits for in vain. A start that
-        still does not fit waits in its server (vllm_memory_wait_s)."""
-        idle = sorted((s for s in live if s.state == "idle"), key=lambda s: s.events["leases"][-1].get("released", 0)
-                      if s.events["leases"] else 0)
-        if not idle:
-            return []
-        free, needed = gpu_memory.free_bytes_now(), engine_need(params)
-        if free is None or needed is None:
-            return []
-        stop = []
-        for server in idle:
-            if free >= needed:
-                break
-            stop.append(server)
+        """Idle servers to stop so that a new engine with a fixed KV cache fits the free GPU memory (an idle engine
+        would hold memory its start waits for in vain; a start that still does not fit waits in its server)."""
+        idle = sorted((s for s in live if s.state == "idle"), key=lambda s: s.events["leases"][-1].get("released", 0))
+        stop = gpu_memory.to_stop_for_room(idle, gpu_memory.free_bytes_now() if idle else None,
+                                           vllm_setup.engine_need(params), lambda s: vllm_setup.engine_need(s.params))
+        for server in stop:
             server.events["stopped_for_room"] = True
-            free += engine_need(server.params) or 0
         if stop:
-            log.info("stopping %d idle vLLM engine(s) to make room for config %s's engine (%.1f GiB needed)",
-                     len(stop), params.config, needed / gpu_memory.GIB)
+            log.info("stopping %d idle vLLM engine(s) to make room for config %s's engine", len(stop), params.config)
         return stop
 
     def _lease_to(self, server: _Server, who: str) -> None:
