@@ -6,8 +6,8 @@
 # headroom; idle ones make room). Gemma 3 with the wider pivot search of its params files (40 + 40 problems, margin
 # 2.0) and, beside it, on the transformers engine on CUDA (params/gpu-families-gemma3-hf.yaml). Qwen's GGUF is
 # converted on the device by `python -m replaylib.models fetch` (gguf's reference dequantizer, the pinned tokenizer
-# checked); Gemma 3 comes converted (transformers 5.23), as in lease 14. Refused starts left 19 of the 30 minutes,
-# so Qwen on the transformers engine on CUDA (lease 11: GSM8K) was left out.
+# checked); Gemma 3 comes converted (transformers 5.23), as in lease 14. Last, Qwen on the transformers engine on
+# CUDA up to its replay stage (lease 11 ran it on GSM8K): what a short lease leaves out first.
 #   lease15.sh parts        copy the parts this call carried under /tmp; the first call also starts the chain
 #   lease15.sh poll SECS    wait up to SECS for the chain's end; report; pack logs and records (no caches, no
 #                           saved states) into $OUT
@@ -73,6 +73,7 @@ check_tokenizer(Path(\"/tmp/models/gemma-3-270m\"), EMBEDDED_MODELS[\"gemma-3-27
   cat /tmp/qp/* > /tmp/gg/qwen.gguf && rm -rf /tmp/qp
   step convert_qwen 600 python3 -m replaylib.models fetch qwen2.5-coder-0.5b-instruct --gguf /tmp/gg/qwen.gguf ||
     fail "qwen conversion"
+  ( hf qwen --upto 03_three_pass_replay ) & side+=($!)
   campaign families-qwen Qwen
   wait ${side[@]}  # not the memory monitor, which ends with ALLDONE
   step smi 60 nvidia-smi --query-gpu=name,memory.used --format=csv
