@@ -127,3 +127,18 @@ def test_recording_where_a_stage_ran_imports_no_torch():
              "print('torch_threads' in device_info())")
     out = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False", "True"]
+
+
+def test_notebook_04_shows_the_lease_tables_a_checkout_has_and_skips_the_others(tmp_path, monkeypatch):
+    """A checkout holding only part of docs/gpu-h200/lease11/products (the folder, one of its tables) renders."""
+    import replaylib.core.paths as paths
+    cell = next(c for c in nbformat.read(REPO / "notebooks" / "04_statistics.ipynb", as_version=4).cells
+                if c.get("id") == "04-20")
+    products = tmp_path / "repo" / "docs" / "gpu-h200" / "lease11" / "products"
+    products.mkdir(parents=True)
+    (products / "tab1_main.md").write_text("| a |\n")
+    monkeypatch.setattr(paths, "REPO", tmp_path / "repo")
+    displayed = []
+    exec(cell.source, {"TABLES": tmp_path / "tables", "FIGURES": tmp_path / "figures", "display": displayed.append,
+                       "Markdown": str, "Image": dict})
+    assert displayed == ["**H200, lease 11: tab1_main**\n\n| a |\n"]
