@@ -264,7 +264,7 @@ def runs_as_they_are(c: Campaign, out) -> None:
             if reason:
                 raise ValueError(f"{c.label}: {name} {stage}: {reason}; --statistics-only reads finished runs as "
                                  f"they are: run the campaign's stages first")
-            reason = here.staleness()
+            reason = here.changed_dependency()  # the rest was checked above
             if reason:
                 print(f"[campaign] {c.label}: {name} {stage}: used as it ran (here: {reason})", flush=True)
 
@@ -302,9 +302,7 @@ def main(argv=None) -> int:
         if args.statistics_only:
             runs_as_they_are(c, out)
         todo = {}
-        for name, p in c.configs.items():
-            if args.statistics_only:
-                continue
+        for name, p in ({} if args.statistics_only else c.configs).items():
             steps = runner.stages_to_run(p, [], args.force, out, c.stages_needed(name))
             if steps:
                 todo[name] = steps

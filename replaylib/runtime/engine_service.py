@@ -424,8 +424,10 @@ class EngineBroker:
         """Idle servers to stop so that a new engine with a fixed KV cache fits the free GPU memory (an idle engine
         would hold memory its start waits for in vain; a start that still does not fit waits in its server)."""
         idle = sorted((s for s in live if s.state == "idle"), key=lambda s: s.events["leases"][-1].get("released", 0))
-        stop = gpu_memory.to_stop_for_room(idle, gpu_memory.free_bytes_now() if idle else None,
-                                           vllm_setup.engine_need(params), lambda s: vllm_setup.engine_need(s.params))
+        if not idle:  # nothing to stop: no need to read the GPU or the model's weights
+            return []
+        stop = gpu_memory.to_stop_for_room(idle, gpu_memory.free_bytes_now(), vllm_setup.engine_need(params),
+                                           lambda s: vllm_setup.engine_need(s.params))
         for server in stop:
             server.events["stopped_for_room"] = True
         if stop:

@@ -225,6 +225,14 @@ class StageDir:
         self.inputs.update({f"{name}/{rel}": digest for rel, digest in outputs.items()})
         return path
 
+    def changed_dependency(self, manifest: dict | None = None) -> str | None:
+        """The first code or file this finished stage used that differs here (its manifest's dependencies), or
+        None."""
+        if manifest is None:
+            manifest = json.loads((self.path / "manifest.json").read_text())
+        changed = recording.changes(manifest.get("dependencies"), first_only=True)
+        return changed[0] if changed else None
+
     def staleness(self, dependencies: bool = True) -> str | None:
         """Why the stage must run, or None when it is up to date: not finished, another key, other code,
         its outputs or products changed since it finished, or its upstream stages' outputs are not the
@@ -242,9 +250,9 @@ class StageDir:
             manifest = json.loads((self.path / "manifest.json").read_text())
         except (OSError, json.JSONDecodeError):
             return "no readable manifest"
-        changed = recording.changes(manifest.get("dependencies"), first_only=True) if dependencies else []
+        changed = self.changed_dependency(manifest) if dependencies else None
         if changed:
-            return changed[0]
+            return changed
         changed = changed_outputs(self.path, manifest.get("outputs", {}))
         if changed:
             return f"its output {changed[0]} changed or went missing since it finished"
