@@ -19,30 +19,13 @@ source $HERE/chainlib.sh
 source $HERE/lease15.parts  # N_* and *_SHA of the parts
 case $1 in
 parts)
-  for d in .gpu/p[0-9]*; do [ -d "$d" ] && put $d /tmp/whp; done
-  for d in .whl/x[0-9]*; do [ -d "$d" ] && put $d /tmp/xp; done
-  for k in m q; do for d in .whl/$k[0-9]*; do [ -d "$d" ] && put $d /tmp/${k}p; done; done
-  if [ ! -f $L/chain.started ]; then
-    rm -rf /tmp/repo && mkdir -p /tmp/repo && tar --exclude=./.gpu --exclude=./.whl -cf - . | tar -xf - -C /tmp/repo
-    touch $L/chain.started
-    setsid bash /tmp/repo/docs/gpu-h200/scripts/lease15.sh chain > $L/chain.out 2>&1 < /dev/null &
-  fi
+  put_parts m q
+  start_chain docs/gpu-h200/scripts/lease15.sh
   echo "parts: wheelhouse $(ls /tmp/whp 2>/dev/null | wc -l)/$N_WH extra $(ls /tmp/xp 2>/dev/null | wc -l)/$N_X" \
     "qwen $(ls /tmp/qp 2>/dev/null | wc -l)/$N_Q gemma $(ls /tmp/mp 2>/dev/null | wc -l)/$N_M;" \
     "$(tail -1 $L/progress 2>/dev/null)";;
 chain)
-  export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 REPLAYLIB_MODELS=/tmp/models TQDM_DISABLE=1 RAY_USAGE_STATS_ENABLED=0
-  export VLLM_USE_FLASHINFER_SAMPLER=0 REPLAYLIB_OUT=/tmp/rl
-  cd /tmp/repo
-  echo "=== chain start $(date -u +%T) commit $(cat COMMIT 2>/dev/null)" >> $L/progress
-  ( while [ ! -f $L/ALLDONE ]; do echo "$(date -u +%T),$(nvidia-smi --query-gpu=memory.used,utilization.gpu \
-      --format=csv,noheader | tr -d ' ')" >> $L/gpu_memory.csv; sleep 15; done ) &
-  wait_for /tmp/whp $N_WH; wait_for /tmp/xp $N_X
-  checked "/tmp/whp/wh.part-*" $WH_SHA && checked "/tmp/xp/x.part-*" $X_SHA || fail "wheel parts"
-  install_wheels || fail install
-  export PYTHONPATH=/tmp/site:/tmp/repo
-  step versions 120 bash -c 'date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv;
-    python3 -c "import sys, vllm, torch, transformers, tokenizers, papermill; print(sys.version); print(\"vllm\", vllm.__version__, \"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"transformers\", transformers.__version__, \"tokenizers\", tokenizers.__version__, \"papermill\", papermill.__version__)"; cat COMMIT 2>/dev/null; nproc; free -g'
+  chain_prologue
   hf() { step hf_$1 1500 python3 -m replaylib.run params/gpu-families-$1-hf.yaml --out /tmp/rlhf "${@:2}"; }
   campaign() {  # NAME ROWS-PREFIX: a copy of the three-family campaign with the rows of one model, run whole
     python3 - "$1" "$2" <<'PY' || { echo "=== FAILED: campaign copy $1" >> $L/progress; return 1; }
@@ -76,22 +59,8 @@ check_tokenizer(Path(\"/tmp/models/gemma-3-270m\"), EMBEDDED_MODELS[\"gemma-3-27
   ( hf qwen --upto 03_three_pass_replay ) & side+=($!)
   campaign families-qwen Qwen
   wait ${side[@]}  # not the memory monitor, which ends with ALLDONE
-  step smi 60 nvidia-smi --query-gpu=name,memory.used --format=csv
-  step leftovers 60 bash -c 'ps aux | grep -E "vllm|EngineCore|replaylib" | grep -v grep | wc -l'
-  touch $L/ALLDONE;;
+  chain_epilogue;;
 poll)
-  t0=$(date +%s); while [ $(( $(date +%s) - t0 )) -lt ${2:-60} ] && [ ! -f $L/ALLDONE ]; do sleep 3; done
-  cat $L/progress 2>/dev/null
-  for f in $L/campaign_*.log $L/hf_*.log; do [ -f $f ] && { echo "--- $(basename $f)"
-    grep -E "rror|Traceback|finished|failed|FAILED|done|waiting|room" $f | tail -8 | cut -c1-300; }; done
-  tail -2 $L/gpu_memory.csv 2>/dev/null
-  if [ -n "$OUT" ]; then
-    tar -czf $OUT/logs.tgz -C /tmp logs $(cd /tmp && ls -d rl/runs/campaign-*/logs rl/runs/.engines 2>/dev/null)
-    for root in rl rlhf; do
-      [ -d /tmp/$root ] && (cd /tmp && tar -czf /tmp/$root.tgz --exclude=.vllm-cache --exclude='*.safetensors' \
-        --exclude=state --exclude=states $root && split -b 15M -d -a 1 /tmp/$root.tgz $OUT/$root.tgz.part-)
-    done
-    du -sh /tmp/rl /tmp/rlhf 2>/dev/null; ls -la $OUT
-  fi;;
+  poll_and_pack ${2:-60};;
 *) echo "usage: lease15.sh parts|poll SECS"; exit 2;;
 esac
