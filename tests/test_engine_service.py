@@ -172,6 +172,64 @@ def test_idle_engines_make_room_for_an_engine_that_would_not_fit(standin, monkey
     assert stopped == [True, True, False, False]
 
 
+def _lease_in_thread(results: dict, name: str, p, **kwargs):
+    import threading
+
+    def lease():
+        try:
+            results[name] = ServedExecutor(p, stage="01", **kwargs)
+        except Exception as e:  # noqa: BLE001 - the test reads it
+            results[name] = e
+    thread = threading.Thread(target=lease)
+    thread.start()
+    return thread
+
+
+def test_two_engine_starts_never_count_on_the_same_free_memory(standin, monkeypatch):
+    """vLLM checks the free memory as it starts: two engines that fit the free memory one at a time but not
+    together start one after the other (on an H100, four such starts side by side failed at vLLM's check)."""
+    from replaylib.measure import gpu_memory, vllm_setup
+    monkeypatch.setattr(gpu_memory, "free_bytes_now", lambda: 3 * gpu_memory.GIB)
+    monkeypatch.setattr(vllm_setup, "engine_need", lambda p: 2 * gpu_memory.GIB, raising=False)
+    results = {}
+    with EngineBroker(standin / "out") as broker, mock.patch.dict(os.environ, broker.env()):
+        threads = [_lease_in_thread(results, "plain", fake_params()),
+                   _lease_in_thread(results, "invariant", fake_params(), invariant=True)]  # another compilation
+        for t in threads:
+            t.join()
+        assert all(isinstance(r, ServedExecutor) for r in results.values()), results
+        for r in results.values():
+            r.close()
+    first, second = _engines_json(standin / "out")["servers"]
+    assert first["ready"] <= second["start_began"]
+
+
+def test_a_start_that_does_not_fit_waits_for_a_busy_engine_then_stops_it_for_room(standin, monkeypatch, caplog):
+    """A busy engine holds the memory a new engine needs: the new one waits in the broker until it is released,
+    then stops it for room, instead of starting to wait in vain for memory an idle engine keeps; the wait is
+    bounded by vllm_memory_wait_s."""
+    from replaylib.measure import gpu_memory, vllm_setup
+    caplog.set_level(logging.INFO, logger="replaylib")
+    monkeypatch.setattr(gpu_memory, "free_bytes_now", lambda: 1 * gpu_memory.GIB)
+    monkeypatch.setattr(vllm_setup, "engine_need", lambda p: 2 * gpu_memory.GIB, raising=False)
+    results = {}
+    with EngineBroker(standin / "out") as broker, mock.patch.dict(os.environ, broker.env()):
+        busy = ServedExecutor(fake_params(), stage="03")
+        waiting = _lease_in_thread(results, "new", fake_params(), invariant=True)
+        _wait_for(lambda: "waits for engines starting or busy" in caplog.text or not waiting.is_alive(),
+                  "the new engine waits or starts")
+        assert waiting.is_alive() and len(broker.servers) == 1  # waiting, not started beside the busy one
+        busy.close()
+        waiting.join()
+        assert _gone(busy.lease_info["server_pid"])
+        bounded = ServedExecutor(fake_params(vllm_memory_wait_s=0.5, kv_cache_gib=2.0), stage="01")
+        assert len(broker.servers) == 3  # past its bound it starts beside the busy one (its server then says)
+        assert psutil.pid_exists(results["new"].lease_info["server_pid"])
+        results["new"].close(), bounded.close()
+    first, second, _ = _engines_json(standin / "out")["servers"]
+    assert first["stopped_for_room"] and second["start_began"] >= first["leases"][-1]["released"]
+
+
 def _client_script(tmp_path: Path, body: str) -> Path:
     script = tmp_path / "client.py"
     script.write_text("import os, sys, time\nsys.path[:0] = [%r, %r]\n" % (str(TESTS), str(REPO)) +

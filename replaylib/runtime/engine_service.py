@@ -26,7 +26,8 @@ kernels lease in turn from the run's *broker*:
 - Engine starts: the first start of a compilation (model and kernels) runs alone, later ones side by
   side, reusing its compiled graphs. Engines whose KV cache is sized by profiling the free GPU memory
   (``kv_cache_gib: 0``) are alone on the GPU: the broker stops idle ones and waits for busy ones
-  before starting another.
+  before starting another. One with a fixed cache starts once it fits beside the engines still starting
+  (``gpu_memory.room_to_start``; idle ones stop for room), waiting at most ``vllm_memory_wait_s``.
 - Ends: the broker stops every server when the run ends (``close``); a server whose broker's process
   died stops itself (it watches its parent); a server killed outright leaves its engine core to the
   registry's reaper (``engine_vllm.reap_leftover_engines``). ``engines.json`` under
@@ -373,6 +374,7 @@ class EngineBroker:
 
     def _acquire(self, identity: dict, params, invariant: bool, who: str, conn) -> tuple[_Server, bool]:
         key = compile_key(identity)
+        deadline, said = time.monotonic() + params.vllm_memory_wait_s, False
         with self.cond:
             while True:
                 if self.closed:
@@ -390,6 +392,14 @@ class EngineBroker:
                     self.cond.wait()  # a first compilation, or an engine that must be alone on the GPU
                     continue
                 to_stop = [s for s in live if s.state == "idle"] if exclusive else self._room_for(params, live)
+                if to_stop is None and time.monotonic() < deadline:
+                    if not said:
+                        log.info("config %s: its engine waits for engines starting or busy to leave room (at most "
+                                 "%g s)", params.config, params.vllm_memory_wait_s)
+                        said = True
+                    self.cond.wait(timeout=2.0)  # a start ending or an engine released: the memory changed
+                    continue
+                to_stop = to_stop or []
                 for s in to_stop:
                     s.state = "stopping"
                 server = _Server(len(self.servers) + 1, identity, params, invariant, self)
@@ -420,15 +430,16 @@ class EngineBroker:
             self.cond.notify_all()
         return server, True
 
-    def _room_for(self, params, live: list[_Server]) -> list[_Server]:
-        """Idle servers to stop so that a new engine with a fixed KV cache fits the free GPU memory (an idle engine
-        would hold memory its start waits for in vain; a start that still does not fit waits in its server)."""
-        idle = sorted((s for s in live if s.state == "idle"), key=lambda s: s.events["leases"][-1].get("released", 0))
-        if not idle:  # nothing to stop: no need to read the GPU or the model's weights
+    def _room_for(self, params, live: list[_Server]) -> list[_Server] | None:
+        """gpu_memory.room_to_start for a new engine with a fixed KV cache beside the live ones: the idle servers
+        to stop, or None to wait for starts to end and busy engines to be released."""
+        if not live:  # alone on the GPU: no need to read it or the model's weights
             return []
-        stop = gpu_memory.to_stop_for_room(idle, gpu_memory.free_bytes_now(), vllm_setup.engine_need(params),
-                                           lambda s: vllm_setup.engine_need(s.params))
-        for server in stop:
+        idle = sorted((s for s in live if s.state == "idle"), key=lambda s: s.events["leases"][-1].get("released", 0))
+        stop = gpu_memory.room_to_start(vllm_setup.engine_need(params), gpu_memory.free_bytes_now(), idle,
+                                        [s for s in live if s.state == "starting"],
+                                        lambda s: vllm_setup.engine_need(s.params))
+        for server in stop or []:
             server.events["stopped_for_room"] = True
         if stop:
             log.info("stopping %d idle vLLM engine(s) to make room for config %s's engine", len(stop), params.config)
