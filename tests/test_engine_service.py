@@ -230,6 +230,24 @@ def test_a_start_that_does_not_fit_waits_for_a_busy_engine_then_stops_it_for_roo
     assert first["stopped_for_room"] and second["start_began"] >= first["leases"][-1]["released"]
 
 
+def test_an_engine_whose_start_finds_its_memory_taken_starts_again_within_its_bound(standin, monkeypatch):
+    """Another process (a test, a second campaign) can take the memory between a start's wait for it and vLLM's
+    own check of it: that start fails at the check and the broker starts the engine again; past
+    vllm_memory_wait_s the stage gets vLLM's error."""
+    import vllm_standin
+    monkeypatch.setenv(vllm_standin.RACED_STARTS_ENV, f"{standin / 'raced'}:1")
+    with EngineBroker(standin / "out") as broker, mock.patch.dict(os.environ, broker.env()):
+        ex = ServedExecutor(fake_params(), stage="01")
+        assert ex.call(vllm_standin.echo_unit, 1)["x"] == 1
+        ex.close()
+    assert ["ready" in s for s in _engines_json(standin / "out")["servers"]] == [False, True]
+    monkeypatch.setenv(vllm_standin.RACED_STARTS_ENV, f"{standin / 'always'}:1000")
+    with EngineBroker(standin / "bounded") as broker, mock.patch.dict(os.environ, broker.env()):
+        with pytest.raises(EngineServiceError, match="on startup is less than desired GPU memory utilization"):
+            ServedExecutor(fake_params(vllm_memory_wait_s=3.0), stage="01")
+    assert int((standin / "always").read_text()) >= 1
+
+
 def _client_script(tmp_path: Path, body: str) -> Path:
     script = tmp_path / "client.py"
     script.write_text("import os, sys, time\nsys.path[:0] = [%r, %r]\n" % (str(TESTS), str(REPO)) +

@@ -4,7 +4,9 @@ stock calls and its pause / enqueue / resume. Used by the vLLM engine's tests, a
 ``make_engine`` (REPLAYLIB_TEST_ENGINE_FACTORY=vllm_standin:make_engine), by runs whose engine
 server builds it instead of a real vLLM engine."""
 import hashlib
+import os
 import random
+from pathlib import Path
 from types import SimpleNamespace
 
 from replaylib.measure.vllm_forcing import FORCE_KEY
@@ -175,10 +177,29 @@ class FakeLLM:
         return SimpleNamespace(outputs=[comp], num_cached_tokens=cached)
 
 
+RACED_STARTS_ENV = "REPLAYLIB_STANDIN_RACED_STARTS"  # COUNTER_FILE:N: the first N starts fail as vLLM's would
+
+
+def _raced_start() -> None:
+    """Fail as vLLM 0.22.1's start fails when another process took the memory it checks for (a lease's log)."""
+    spec = os.environ.get(RACED_STARTS_ENV)
+    if not spec:
+        return
+    path, limit = spec.rsplit(":", 1)
+    counter = Path(path)
+    done = int(counter.read_text()) if counter.exists() else 0
+    if done < int(limit):
+        counter.write_text(str(done + 1))
+        raise ValueError("Free memory on device cuda:0 (4.29/79.18 GiB) on startup is less than desired GPU memory "
+                         "utilization (0.095, 7.52 GiB). Decrease GPU memory utilization or reduce GPU memory used "
+                         "by other processes.")
+
+
 def make_engine(params, invariant: bool = False, forcing: bool = False):
     """A VLLMEngine on the stand-in, as VLLMEngine.from_params would build the real one (identity,
     configure); its KV blocks are the pivot filter's block_size (4 tokens when that is 1)."""
     from replaylib.measure.engine_vllm import VLLMEngine
+    _raced_start()
     from replaylib.measure.vllm_setup import engine_identity
     racy = params.vllm_serving == "multiprocess" and not invariant  # batch-invariant kernels: no race
     block = params.block_size if params.block_size > 1 else 4

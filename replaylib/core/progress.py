@@ -13,8 +13,10 @@ gets that process's progress as events (`forward_to` there, `apply` here).
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import logging
 import os
 import time
 import warnings
@@ -165,6 +167,30 @@ def forward_to(send) -> None:
     """Send progress events to send(event) instead of drawing them (None: draw them here again)."""
     global _forward
     _forward = send
+
+
+class _ForwardLog(logging.Handler):
+    def __init__(self, send):
+        super().__init__(logging.INFO)
+        self.send = send
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.send(("log", record.levelno, record.getMessage()))
+
+
+@contextlib.contextmanager
+def forwarding(send):
+    """While a unit runs in another process than its stage: its progress events, as ("progress", event), and its
+    replaylib log lines, as ("log", level, message), go to send(message) as they happen."""
+    handler = _ForwardLog(send)
+    logger = logging.getLogger("replaylib")
+    logger.addHandler(handler)
+    forward_to(lambda event: send(("progress", event)))
+    try:
+        yield
+    finally:
+        forward_to(None)
+        logger.removeHandler(handler)
 
 
 def apply(event: tuple) -> None:

@@ -138,3 +138,10 @@ def room_to_start(needed: int | None, free: int | None, idle: list, starting: li
     free -= sum(need_of(engine) or 0 for engine in starting)
     stop = to_stop_for_room(idle, free, needed, need_of)
     return stop if free + sum(need_of(engine) or 0 for engine in stop) >= needed else None
+
+
+def start_raced(message: str) -> bool:
+    """Whether an engine's start failed at vLLM's own check of the free memory ("Free memory on device ... on
+    startup is less than desired GPU memory utilization"): another process took it between the wait for it and
+    the check, and a later start can pass."""
+    return "on startup is less than desired GPU memory utilization" in message

@@ -1,37 +1,36 @@
 """One vLLM engine per model and settings for all the stages of a run or a campaign.
 
-A vLLM engine takes a minute or more to start (import, weights, torch.compile, CUDA graphs) and
-every stage runs in a notebook kernel of its own, so under the runner (``python -m replaylib.run``)
-and campaigns the engines live in processes of their own, *engine servers*, which the stages'
-kernels lease in turn from the run's *broker*:
+A vLLM engine takes a minute or more to start (import, weights, torch.compile, CUDA graphs) and every stage runs in
+a notebook kernel of its own, so under the runner (``python -m replaylib.run``) and campaigns the engines live in
+processes of their own, *engine servers*, which the stages' kernels lease in turn from the run's *broker*:
 
-- The broker runs in the runner's (or the campaign's) process. It listens on a Unix socket in a
-  private directory (mode 0700) and admits only holders of its random key; the runner hands both to
-  its kernels in the environment (``REPLAYLIB_ENGINE_BROKER``, ``REPLAYLIB_ENGINE_BROKER_KEY``). A
-  notebook run alone has neither and starts its own engine, as ``shared_engine: false`` does. Each
-  connection has a thread of its own and ``AUTH_TIMEOUT_S`` to prove it holds the key: a silent one delays
-  no lease. A broker removes the private directories that brokers killed outright left.
-- A lease names an engine *identity* (``engine_vllm.engine_identity``: everything the engine is
-  built with: model, dtype, serving mode, batch invariance, attention backend, cache size). An idle
-  server of that identity is leased; otherwise a new one starts. A configuration's stages 01 and 03,
-  and configurations with the same model and settings, share servers; a batch-invariant engine or
-  another serving mode is another identity, so another server.
-- The stage configures the engine with its parameters (``VLLMEngine.configure``: the trunk settings
-  a regeneration repeats, the config named in messages; another identity is refused on both sides),
-  then sends its units (fn, args); the server runs ``fn(engine, *args)`` and sends back the result,
-  with the unit's progress and log lines as they happen. One stage at a time per server.
-- What a unit computes does not depend on which lease runs it or what ran before: each unit starts
-  by resetting the prefix cache (sampling a problem's trunks and re-establishing them both do) and
-  per-request seeds decide the sampling.
-- Engine starts: the first start of a compilation (model and kernels) runs alone, later ones side by
-  side, reusing its compiled graphs. Engines whose KV cache is sized by profiling the free GPU memory
-  (``kv_cache_gib: 0``) are alone on the GPU: the broker stops idle ones and waits for busy ones
-  before starting another. One with a fixed cache starts once it fits beside the engines still starting
-  (``gpu_memory.room_to_start``; idle ones stop for room), waiting at most ``vllm_memory_wait_s``.
-- Ends: the broker stops every server when the run ends (``close``); a server whose broker's process
-  died stops itself (it watches its parent); a server killed outright leaves its engine core to the
-  registry's reaper (``engine_vllm.reap_leftover_engines``). ``engines.json`` under
-  ``runs/.engines/`` records every server's start, leases and stop.
+- The broker runs in the runner's (or the campaign's) process. It listens on a Unix socket in a private directory
+  (mode 0700) and admits only holders of its random key; the runner hands both to its kernels in the environment
+  (``REPLAYLIB_ENGINE_BROKER``, ``REPLAYLIB_ENGINE_BROKER_KEY``). A notebook run alone has neither and starts its
+  own engine, as ``shared_engine: false`` does. Each connection has a thread of its own and ``AUTH_TIMEOUT_S`` to
+  prove it holds the key: a silent one delays no lease. A broker removes the private directories that brokers killed
+  outright left.
+- A lease names an engine *identity* (``engine_vllm.engine_identity``: everything the engine is built with: model,
+  dtype, serving mode, batch invariance, attention backend, cache size). An idle server of that identity is leased;
+  otherwise a new one starts. A configuration's stages 01 and 03, and configurations with the same model and
+  settings, share servers; a batch-invariant engine or another serving mode is another identity, so another server.
+- The stage configures the engine with its parameters (``VLLMEngine.configure``: the trunk settings a regeneration
+  repeats, the config named in messages; another identity is refused on both sides), then sends its units (fn,
+  args); the server runs ``fn(engine, *args)`` and sends back the result, with the unit's progress and log lines as
+  they happen. One stage at a time per server.
+- What a unit computes does not depend on which lease runs it or what ran before: each unit starts by resetting the
+  prefix cache (sampling a problem's trunks and re-establishing them both do) and per-request seeds decide the
+  sampling.
+- Engine starts: the first start of a compilation (model and kernels) runs alone, later ones side by side, reusing
+  its compiled graphs. Engines whose KV cache is sized by profiling the free GPU memory (``kv_cache_gib: 0``) are
+  alone on the GPU: the broker stops idle ones and waits for busy ones before starting another. One with a fixed
+  cache starts once it fits beside the engines still starting (``gpu_memory.room_to_start``; idle ones stop for
+  room), and starts again where vLLM's start found the memory taken by another process, waiting at most
+  ``vllm_memory_wait_s`` in all.
+- Ends: the broker stops every server when the run ends (``close``); a server whose broker's process died stops
+  itself (it watches its parent); a server killed outright leaves its engine core to the registry's reaper
+  (``engine_vllm.reap_leftover_engines``). ``engines.json`` under ``runs/.engines/`` records every server's start,
+  leases and stop.
 """
 from __future__ import annotations
 
@@ -372,9 +371,10 @@ class EngineBroker:
                 self._release(server)
             conn.close()
 
-    def _acquire(self, identity: dict, params, invariant: bool, who: str, conn) -> tuple[_Server, bool]:
-        key = compile_key(identity)
-        deadline, said = time.monotonic() + params.vllm_memory_wait_s, False
+    def _acquire(self, identity: dict, params, invariant: bool, who: str, conn, deadline=None):
+        """(the server leased, whether it started for this lease); deadline: of the waits for memory, all starts'."""
+        key, said = compile_key(identity), False
+        deadline = deadline or time.monotonic() + params.vllm_memory_wait_s
         with self.cond:
             while True:
                 if self.closed:
@@ -416,12 +416,15 @@ class EngineBroker:
             with contextlib.suppress(OSError, EOFError):
                 conn.send(("starting", {"pid": server.proc.pid, "log": str(server.log)}))
             server.wait_ready()
-        except BaseException:
+        except BaseException as e:
             server.stop()
             with self.cond:
                 server.state = "failed"
                 self.compiling.discard(key)
                 self.cond.notify_all()
+            if gpu_memory.start_raced(str(e)) and time.monotonic() < deadline:  # another process took the memory
+                log.info("config %s: its engine's start found the memory taken (%s); it starts again", params.config, e)
+                return self._acquire(identity, params, invariant, who, conn, deadline)
             raise
         with self.cond:
             self.compiled.add(key)
@@ -499,30 +502,14 @@ def _terminate(signum, frame):
     raise SystemExit(0)  # asked to stop: the engine closes on the way out
 
 
-class _ForwardLog(logging.Handler):
-    def __init__(self, send):
-        super().__init__(logging.INFO)
-        self.send = send
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.send(("log", record.levelno, record.getMessage()))
-
-
 @contextlib.contextmanager
 def _forwarding(conn):
     """While a unit runs: its progress and its replaylib log lines go to the stage as they happen."""
     def send(message):
         with contextlib.suppress(OSError, EOFError, ValueError):
             conn.send(message)
-    handler = _ForwardLog(send)
-    logger = logging.getLogger("replaylib")
-    logger.addHandler(handler)
-    progress.forward_to(lambda event: send(("progress", event)))
-    try:
+    with progress.forwarding(send):
         yield
-    finally:
-        progress.forward_to(None)
-        logger.removeHandler(handler)
 
 
 def _serve_stage(engine, conn) -> None:
