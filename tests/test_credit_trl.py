@@ -116,6 +116,19 @@ def test_a_failure_in_credit_is_one_warning_and_a_skipped_step_and_strict_raises
         trainer.step(strict, rest_s=1.0, clock=now)
 
 
+def test_a_trainer_sampling_with_vllm_is_told_once_that_its_certificates_compare_two_engines(caplog):
+    """On TRL's vLLM path the rollouts are forced through the policy in transformers: a certificate there compares
+    two engines, which the callback says when it is attached (and nowhere on the generate path)."""
+    for use_vllm in (True, False):
+        trainer = FakeTrainer([0.0], sampling_s=1.0)
+        trainer.use_vllm = use_vllm
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="replaylib"):
+            CreditCallback(every=1).attach(trainer)
+        said = [r.getMessage() for r in caplog.records if "compares two engines" in r.getMessage()]
+        assert len(said) == (1 if use_vllm else 0)
+
+
 def test_bad_settings_are_refused_before_training_in_one_line():
     with pytest.raises(BadInput, match="unknown setting 'kk'"):
         CreditCallback(kk=2)

@@ -199,6 +199,10 @@ class CreditCallback(TrainerCallback):
 
         trainer._generate_and_score_completions = wrapped
         trainer.add_callback(self)
+        if getattr(trainer, "use_vllm", False):
+            self.warn("CreditCallback: this trainer samples with vLLM, and credit forces its rollouts through the "
+                      "policy in transformers (not TRL's vLLM engine): each certificate then compares two engines' "
+                      "arithmetic and reads 'differs', which says nothing of a replay (docs/credit.md, TRL)")
         return self
 
     def generates(self) -> bool:
