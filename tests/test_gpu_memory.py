@@ -137,3 +137,19 @@ def test_free_memory_is_read_from_the_driver_for_the_first_visible_gpu(monkeypat
     def missing(cmd, **kw):
         raise FileNotFoundError("nvidia-smi")
     assert gpu_memory.free_bytes_now(missing) is None
+
+
+def test_a_new_engine_counts_the_engines_still_starting_as_taken():
+    """room_to_start: the idle engines to stop, least recently used first, for a need that must fit the free
+    memory less what the starting engines will take; None where even stopping every idle one would not do; none
+    where the free memory or the need is unknown."""
+    need = {"a": 2, "b": 3, "s": 4}.get
+    assert gpu_memory.room_to_start(5, 10, ["a", "b"], [], need) == []  # fits as it is
+    assert gpu_memory.room_to_start(5, 8, ["a", "b"], ["s"], need) == ["a"]  # 8 - 4 = 4, + 2 = 6
+    assert gpu_memory.room_to_start(5, 6, ["a", "b"], ["s"], need) == ["a", "b"]  # 6 - 4 = 2, + 2 + 3 = 7
+    assert gpu_memory.room_to_start(9, 6, ["a", "b"], ["s"], need) is None  # 7 at most: wait for the start
+    assert gpu_memory.room_to_start(None, 6, ["a"], ["s"], need) == []
+    assert gpu_memory.room_to_start(5, None, ["a"], ["s"], need) == []
+    assert gpu_memory.start_raced("ValueError: Free memory on device cuda:0 (4.29/79.18 GiB) on startup is less "
+                                  "than desired GPU memory utilization (0.095, 7.52 GiB).")
+    assert not gpu_memory.start_raced("CUDA out of memory. Tried to allocate 1.00 GiB")
