@@ -113,31 +113,22 @@ def free_bytes_now(run=subprocess.run) -> int | None:
         return None
 
 
-def to_stop_for_room(idle: list, free: int | None, needed: int | None, need_of) -> list:
-    """The idle engines to stop, in the order given (least recently used first), until ``needed`` bytes fit the
-    ``free`` ones with what each stopped engine frees (``need_of``); none where either amount is unknown."""
+def room_to_start(needed: int | None, free: int | None, idle: list, starting: list, need_of) -> list | None:
+    """The idle engines to stop, in the order given (least recently used first), until a new engine's ``needed``
+    bytes fit the ``free`` ones less what the engines still ``starting`` will take (vLLM checks the free memory as
+    it starts, so two starts must not count on the same memory), with what each stopped engine frees
+    (``need_of``); None where stopping every idle one would not do (engines starting, busy or stopping hold the
+    memory: wait for them); none where either amount is unknown (the start then waits in its own process)."""
+    if needed is None or free is None:
+        return []
+    free -= sum(need_of(engine) or 0 for engine in starting)
     stop = []
-    if free is None or needed is None:
-        return stop
     for engine in idle:
         if free >= needed:
             break
         stop.append(engine)
         free += need_of(engine) or 0
-    return stop
-
-
-def room_to_start(needed: int | None, free: int | None, idle: list, starting: list, need_of) -> list | None:
-    """The idle engines to stop (``to_stop_for_room``) so that a new engine's ``needed`` bytes fit the ``free``
-    ones less what the engines still ``starting`` will take (vLLM checks the free memory as it starts, so two
-    starts must not count on the same memory); None where stopping every idle one would not do (engines starting,
-    busy or stopping hold the memory: wait for them); none where either amount is unknown (the start then waits
-    in its own process)."""
-    if needed is None or free is None:
-        return []
-    free -= sum(need_of(engine) or 0 for engine in starting)
-    stop = to_stop_for_room(idle, free, needed, need_of)
-    return stop if free + sum(need_of(engine) or 0 for engine in stop) >= needed else None
+    return stop if free >= needed else None
 
 
 def start_raced(message: str) -> bool:

@@ -35,6 +35,7 @@ processes of their own, *engine servers*, which the stages' kernels lease in tur
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -243,6 +244,11 @@ class _Server:
         self.state, self.proc = "starting", None
         self.events = {"identity": identity, "log": str(self.log), "leases": []}
 
+    @functools.cached_property
+    def need(self) -> int | None:
+        """The GPU memory its engine takes (vllm_setup.engine_need), read once."""
+        return vllm_setup.engine_need(self.params)
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
@@ -440,8 +446,7 @@ class EngineBroker:
             return []
         idle = sorted((s for s in live if s.state == "idle"), key=lambda s: s.events["leases"][-1].get("released", 0))
         stop = gpu_memory.room_to_start(vllm_setup.engine_need(params), gpu_memory.free_bytes_now(), idle,
-                                        [s for s in live if s.state == "starting"],
-                                        lambda s: vllm_setup.engine_need(s.params))
+                                        [s for s in live if s.state == "starting"], lambda s: s.need)
         for server in stop or []:
             server.events["stopped_for_room"] = True
         if stop:
