@@ -1,6 +1,6 @@
 """Credit in a TRL training step (replaylib.credit.trl): it never stops training (a failure is one warning and
 credit/skipped; strict raises it), rewards get what GRPOTrainer gives them, GRPO's repeated rows get unique ids,
-a budget per step (a share of the last step's own time, from an injected clock here), the rates pooled over the
+a budget (a share of the training's own time so far less credit's, from an injected clock here), the rates pooled over the
 run with their intervals and the statistics stage's verdict, nothing logged that is not a number, every pivot a
 row of <output_dir>/credit/pivots.jsonl; a step of two prompts sampled in one padded generate batch certified
 bit-exact; and the two examples on the CPU."""
@@ -65,29 +65,32 @@ class FakeTrainer(SimpleNamespace):
         callback.on_step_end(None, self.state, None)
 
 
-def test_credit_s_budget_is_a_share_of_the_last_step_s_own_time_and_its_seconds_are_logged():
+def test_credit_s_budget_is_a_share_of_the_training_s_time_so_far_less_what_credit_spent():
+    """Seconds a measured step leaves unspent carry over: over a run, credit stays within its share."""
     now = [100.0]
     callback = CreditCallback(every=1, budget_share=0.1)
     callback.clock = lambda: now[0]
     budgets = []
 
-    def measure(out, inputs, step, budget_s):  # credit's work: 2 s
+    def measure(out, inputs, step, budget_s):  # credit's work: half its budget
         budgets.append(budget_s)
-        now[0] += 2.0
+        now[0] += budget_s / 2
         return {"pivots": 3.0}
 
     callback.measure = measure
     trainer = FakeTrainer(now, sampling_s=3.0)
     callback.attach(trainer)
-    trainer.step(callback, rest_s=7.0, clock=now)  # 3 s sampling + 2 s credit + 7 s
-    trainer.step(callback, rest_s=17.0, clock=now)  # 3 + 2 + 17
-    trainer.step(callback, rest_s=7.0, clock=now)
-    # the first step: a tenth of its sampling; then of the last step's own time (credit's seconds left out)
-    assert budgets == pytest.approx([0.3, 1.0, 2.0])
+    trainer.step(callback, rest_s=7.0, clock=now)  # 3 s sampling, credit, 7 s: 10 s of its own
+    trainer.step(callback, rest_s=17.0, clock=now)  # 20 s of its own
+    trainer.step(callback, rest_s=7.0, clock=now)  # 10 s
+    # the first: a tenth of its sampling (0.3 s, 0.15 spent); then a tenth of the training's own seconds so far,
+    # this step's sampling included, less credit's so far: 0.1 * 13 - 0.15, then 0.1 * 33 - 0.725
+    assert budgets == pytest.approx([0.3, 1.15, 2.575])
     logged = trainer._metrics["train"]
-    assert logged["credit/budget_s"] == pytest.approx([0.3, 1.0, 2.0])
-    assert logged["credit/seconds"] == pytest.approx([2.0] * 3)
-    assert logged["credit/share"] == pytest.approx([0.2, 0.1, 0.2]) and logged["credit/skipped"] == [0.0] * 3
+    assert logged["credit/budget_s"] == pytest.approx([0.3, 1.15, 2.575])
+    assert logged["credit/seconds"] == pytest.approx([0.15, 0.575, 1.2875])
+    assert logged["credit/share"] == pytest.approx([0.015, 0.02875, 0.12875]) and logged["credit/skipped"] == [0.0] * 3
+    assert logged["credit/share_total"] == pytest.approx([0.015, 0.725 / 30, 2.0125 / 40])
     assert CreditCallback(budget_s=5.0).budget(3.0) == 5.0 and CreditCallback(budget_share=None).budget(3.0) is None
 
 
@@ -220,7 +223,7 @@ def test_rewards_get_what_grpo_gives_them_and_credit_logs_numbers_pooled_and_per
 
 def test_a_grpo_run_whose_credit_fails_trains_on_with_one_warning(tmp_path, caplog):
     """A grader that fails on every text credit grades: both GRPO steps train, each logs credit/skipped 1 and
-    nothing else of credit's but its seconds and budget; one warning."""
+    nothing else of credit's but its seconds and its shares of the step and of the run; one warning."""
     import trl_grpo_credit as example
 
     def wrong_format(prompts, completions, answer, **kwargs):
@@ -234,7 +237,7 @@ def test_a_grpo_run_whose_credit_fails_trains_on_with_one_warning(tmp_path, capl
     assert trainer.state.global_step == 2 and [e["step"] for e in logged] == [1, 2]
     for entry in logged:
         assert {k for k in entry if k.startswith("credit/")} == {"credit/skipped", "credit/seconds",
-                                                                "credit/share"}
+                                                                "credit/share", "credit/share_total"}
         assert entry["credit/skipped"] == 1.0
     said = [r.getMessage() for r in caplog.records if "no credit at this step" in r.getMessage()]
     assert len(said) == 1 and "wrong_format" in said[0]
@@ -300,3 +303,8 @@ def test_certificates_take_the_sampler_s_logprobs_never_a_training_forward_s():
     sampled = torch.tensor([[-0.5, -0.3], [-1.1, -0.2]])
     batch = callback.batch({**out, "sampling_per_token_logps": sampled}, rows, step=1)
     assert torch.equal(batch["logprobs"], sampled)
+
+
+def test_the_pooled_line_before_any_verified_pivot_says_so():
+    assert Pooled().line() == "credit: re-feed's credit differs above the floor: not measured (no verified pivot " \
+                              "pooled yet)"

@@ -56,4 +56,6 @@ class Pooled:
 
     def line(self) -> str:
         v = self.verdict
+        if v is None:
+            return f"credit: {CLAIM}: not measured (no verified pivot pooled yet)"
         return f"credit: {CLAIM}: {v.verdict} ({v.value}" + (f"; {v.why})" if v.why else ")")

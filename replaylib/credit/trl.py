@@ -10,15 +10,18 @@ the policy, and the credit metrics join that step's logs (``trainer.state.log_hi
 The rollouts are read where TRL has them as token ids, its tensors ``prompt_ids``/``prompt_mask`` (left
 padded) and ``completion_ids``/``completion_mask`` (right padded), from the method that samples and scores
 a step (``GRPOTrainer._generate_and_score_completions``, wrapped). The grader is the trainer's first reward
-function unless one is given, and it is called as the trainer calls it (``TrainerReward``). Where TRL kept the
-sampler's own logprobs of the sampled tokens (``sampling_per_token_logps``, with vLLM), they are certified at
-the trainer's temperature; never ``old_per_token_logps``, which a training forward recomputes (another
+function unless one is given, and it is called as the trainer calls it (``TrainerReward``). The rollouts are
+forced through the engine that sampled them: TRL's colocated vLLM engine when the trainer was built inside
+``trl_vllm.vllm_for_credit()`` (its sampled tokens' raw logprobs recorded while it samples), else the policy in
+transformers, as generate batched them (their logprobs at the trainer's temperature recorded). Certificates
+compare with those, never with ``old_per_token_logps``, which a training forward recomputes (another
 computation than the decode's, so no evidence about the decode-time state).
 
 Credit never stops training: a failure is one warning (once per message) and ``credit/skipped`` 1 for that
-step (``strict=True`` raises it instead). Each step's credit has a budget, a share of the step's own time (the
-previous step's, measured between on_step_begin and on_step_end; the first step's sampling for the first) or
-seconds; the rollouts it measures are those the estimated cost fits. Rates pooled over the run, with their
+step (``strict=True`` raises it instead). Credit has a budget: a share of the training's own time so far (each
+step's, measured between on_step_begin and on_step_end, credit's left out; the first step's sampling for the
+first), less what credit already spent, so seconds a measured step leaves unspent carry over; or seconds per
+measured step. The rollouts it measures are those the estimated cost fits. Rates pooled over the run, with their
 intervals and the verdict, are logged beside each step's numbers; every pivot is a row of
 ``<output_dir>/credit/pivots.jsonl``."""
 from __future__ import annotations
@@ -38,6 +41,7 @@ from .estimator import Once
 from .inputs import ALIASES, BadInput
 from .running import Pooled
 from .tool import Settings
+from .trl_vllm import SamplerTap, colocated_llm, model_runner, raw_logprobs
 
 SAMPLER_LOGPROBS = "sampling_per_token_logps"  # the sampler's own; not old_per_token_logps (a training forward's)
 TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
@@ -152,7 +156,9 @@ class CreditCallback(TrainerCallback):
     the budget). budget_share: credit's seconds at most this share of a step's own time (None: no budget);
     budget_s: seconds instead. ground_truth: the dataset column of the answer, for a grader that is not a TRL
     reward function (gsm8k, math, verl's compute_score). strict: a failure in credit stops training.
-    settings: those of replaylib.credit.tool.Settings (k, margin, max_cont_tokens, ...)."""
+    settings: those of replaylib.credit.tool.Settings (k, margin, max_cont_tokens, ...). budget_share is of the
+    training's time so far, less credit's seconds so far (unspent seconds carry over to the next measured
+    step)."""
 
     clock = staticmethod(time.perf_counter)
 
@@ -173,9 +179,12 @@ class CreditCallback(TrainerCallback):
         self.measured: set = set()  # the steps credit ran at (a step's sampling may be called more than once)
         self.pooled = Pooled()
         self.warn = Once(lambda line: log.warning("warning: %s", line))
-        self.step_began = self.step_s = None  # when this step began; the last step's own seconds
-        self.sampled_logps = None  # this step's sampled tokens' logprobs, recorded where TRL keeps none
+        self.step_began = None  # when this step began
+        self.own_s = 0.0  # the training's own seconds so far (credit's left out)
+        self.sampled_logps = None  # this step's sampled tokens' logprobs, as the sampler computed them
         self.spent = 0.0  # credit's seconds in this step
+        self.spent_total = 0.0  # credit's seconds so far
+        self.llm, self.tap = None, None  # TRL's colocated vLLM engine, when credit forces through it
         self.verdict = None
 
     def attach(self, trainer) -> "CreditCallback":
@@ -187,23 +196,44 @@ class CreditCallback(TrainerCallback):
             began = self.clock()
             step = trainer.state.global_step + 1  # the optimizer step these rollouts are for
             measuring = trainer.model.training and (step - 1) % self.every == 0 and step not in self.measured
-            recorder = SampledLogprobs(float(trainer.args.temperature)) if measuring and self.generates() else None
-            with recorder.around(trainer.accelerator.unwrap_model(trainer.model)) if recorder else \
-                    contextlib.nullcontext():
+            with self.recording(measuring) as recorder:
                 out = sample_and_score(inputs)
             if measuring:
                 self.measured.add(step)
-                self.sampled_logps = recorder.per_token(out["completion_ids"]) if recorder else None
+                self.sampled_logps = self.recorded(recorder, out)
                 self.log(self.run(out, inputs, step, self.budget(self.clock() - began)))
             return out
 
         trainer._generate_and_score_completions = wrapped
         trainer.add_callback(self)
-        if getattr(trainer, "use_vllm", False):
-            self.warn("CreditCallback: this trainer samples with vLLM, and credit forces its rollouts through the "
-                      "policy in transformers (not TRL's vLLM engine): each certificate then compares two engines' "
-                      "arithmetic and reads 'differs', which says nothing of a replay (docs/credit.md, TRL)")
+        self.llm, why = colocated_llm(trainer)
+        if self.llm is not None:
+            self.tap = SamplerTap(model_runner(self.llm))
+        elif getattr(trainer, "use_vllm", False):
+            self.warn(f"CreditCallback: this trainer samples with vLLM, but credit cannot force through its engine "
+                      f"({why}); it forces the rollouts through the policy in transformers instead, so each "
+                      f"certificate compares two engines' arithmetic and reads 'differs' (docs/credit.md, TRL)")
         return self
+
+    def recording(self, measuring: bool):
+        """While TRL samples a measured step: the sampler's logprobs of the sampled tokens recorded (vLLM's raw
+        ones on TRL's engine; generate's at the trainer's temperature)."""
+        if measuring and self.tap is not None:
+            return self.tap.recording()
+        if measuring and self.generates():
+            return SampledLogprobs(float(self.trainer.args.temperature)).around(
+                self.trainer.accelerator.unwrap_model(self.trainer.model))
+        return contextlib.nullcontext()
+
+    def recorded(self, recorder, out: dict):
+        """The step's recorded logprobs as rows x positions, or None (certificates 'not recorded')."""
+        if isinstance(recorder, SamplerTap):
+            found = recorder.per_token(out["completion_ids"], out["completion_mask"])
+            if found is None:
+                self.warn("CreditCallback: the raw logprobs vLLM computed while sampling this step could not be "
+                          "matched to its rollouts; its certificates read 'not recorded'")
+            return found
+        return recorder.per_token(out["completion_ids"]) if recorder is not None else None
 
     def generates(self) -> bool:
         """Whether the trainer samples with transformers' generate, in a padded batch this package can rebuild
@@ -213,17 +243,18 @@ class CreditCallback(TrainerCallback):
                                                                     False))
 
     def budget(self, sampled_s: float) -> float | None:
-        """This step's seconds for credit: budget_s, or budget_share of the last step's own time (the first
-        step's: its sampling, most of a GRPO step)."""
+        """This step's seconds for credit: budget_s, or budget_share of the training's own time so far (this
+        step's sampling included) less what credit spent so far."""
         if self.budget_s is not None or self.budget_share is None:
             return self.budget_s
-        return self.budget_share * (self.step_s if self.step_s is not None else sampled_s)
+        return max(0.0, self.budget_share * (self.own_s + sampled_s) - self.spent_total)
 
     def run(self, out: dict, inputs: list[dict], step: int, budget_s: float | None) -> dict:
         """This step's credit metrics; a failure is one warning and credit/skipped (strict: raised)."""
         started = self.clock()
         try:
-            metrics = {**self.measure(out, inputs, step, budget_s), "skipped": 0.0}
+            with raw_logprobs(self.tap.runner) if self.tap is not None else contextlib.nullcontext():
+                metrics = {**self.measure(out, inputs, step, budget_s), "skipped": 0.0}
         except Exception as e:  # noqa: BLE001 - credit is a measurement: training goes on without it
             if self.strict:
                 raise
@@ -232,6 +263,7 @@ class CreditCallback(TrainerCallback):
                       f"{text[:300]}); CreditCallback(strict=True) raises it")
             metrics = {"skipped": 1.0}
         self.spent = self.clock() - started
+        self.spent_total += self.spent
         return {**metrics, "seconds": self.spent, "budget_s": budget_s}
 
     def log(self, metrics: dict) -> None:
@@ -247,11 +279,17 @@ class CreditCallback(TrainerCallback):
         grader = self.grader or trainer.reward_funcs[0]
         if callable(grader) and not isinstance(grader, str) and kind_of(grader) == "trl":
             self.reward = grader = TrainerReward(grader, trainer)
-        # transformers' generate sampled the step's rows in one left-padded batch: forced as it batched them
-        forcing = "batch" if self.generates() and not self.settings.get("invariant") else "groups"
-        settings = {"logprobs_temperature": float(trainer.args.temperature), "forcing": forcing, **self.settings}
-        self.estimator = Estimator(model=trainer.accelerator.unwrap_model(trainer.model),
-                                   tokenizer=trainer.processing_class, grader=grader, **settings)
+        if self.llm is not None:  # TRL's engine, its sampler switched to raw logprobs while credit runs
+            from ..measure.vllm_given import engine_around
+            engine = engine_around(self.llm, self.settings.get("invariant", False), raw_switched=True)
+            self.estimator = Estimator(engine=engine, grader=grader, **{**self.settings, "logprobs_temperature": 1.0,
+                                                                        "forcing": "groups"})
+        else:
+            # transformers' generate sampled the step's rows in one left-padded batch: forced as it batched them
+            forcing = "batch" if self.generates() and not self.settings.get("invariant") else "groups"
+            settings = {"logprobs_temperature": float(trainer.args.temperature), "forcing": forcing, **self.settings}
+            self.estimator = Estimator(model=trainer.accelerator.unwrap_model(trainer.model),
+                                       tokenizer=trainer.processing_class, grader=grader, **settings)
         if self.reward is not None:  # the graded text's token ids, for the reward's completion_ids
             engine = self.estimator.executor.engine
             decode = engine.decode
@@ -287,7 +325,8 @@ class CreditCallback(TrainerCallback):
             # the reader wants a reference answer; a TRL reward reads the row's own columns instead
             batch["ground_truth"] = [str(row.get(self.ground_truth, "")) or "-" for row in rows]
         batch["id"] = rollout_ids(rows, step)
-        logprobs = out.get(SAMPLER_LOGPROBS)
+        # on TRL's engine, the raw ones recorded (TRL keeps processed ones, which a forced decode cannot compare)
+        logprobs = self.sampled_logps if self.tap is not None else out.get(SAMPLER_LOGPROBS)
         if logprobs is None:
             logprobs = self.sampled_logps
         if logprobs is not None:  # the sampled tokens' logprobs, at the trainer's temperature (the estimator's)
@@ -329,14 +368,16 @@ class CreditCallback(TrainerCallback):
         self.step_began, self.spent = self.clock(), 0.0
 
     def on_step_end(self, args, state, control, **kwargs):
-        """The step's own seconds (credit's left out), the next budget's base; credit's share of them."""
+        """The step's own seconds (credit's left out), added to the budget's base; credit's share of them, and of
+        the training's time so far."""
         if self.step_began is None:
             return
         own = self.clock() - self.step_began - self.spent
         if own > 0:
-            self.step_s = own
+            self.own_s += own
             if self.spent:
                 self.log({"share": self.spent / own})
+            self.log({"share_total": self.spent_total / self.own_s})
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.estimator is not None:

@@ -32,9 +32,11 @@ def missing_settings(llm) -> list[str]:
     return [f"{name}={wanted[name]!r}" for name, ok in found.items() if not ok]
 
 
-def engine_around(llm, invariant: bool = False, config: str = "credit") -> VLLMEngine:
-    """The engine over a caller's LLM; one built without llm_settings() is refused in one line."""
-    missing = missing_settings(llm)
+def engine_around(llm, invariant: bool = False, config: str = "credit", raw_switched: bool = False) -> VLLMEngine:
+    """The engine over a caller's LLM; one built without llm_settings() is refused in one line. raw_switched: its
+    caller switches the sampler to raw logprobs while the engine runs (replaylib.credit.trl_vllm.raw_logprobs),
+    so the LLM's own logprobs_mode does not matter."""
+    missing = [m for m in missing_settings(llm) if not (raw_switched and m.startswith("logprobs_mode"))]
     if missing:
         raise EngineUnavailable(f"the vllm.LLM given was built without {', '.join(missing)}: build it with "
                                 f"LLM(model, ..., **replaylib.credit.llm_settings()) so that responses can be "

@@ -1,0 +1,171 @@
+"""Credit through TRL's colocated vLLM engine: the rollouts forced through the engine that sampled them, in the
+trainer's process, with the weights it sampled them with (before the optimizer step), and no second copy of the
+policy on the GPU.
+
+    with vllm_for_credit():                 # TRL's LLM built able to force (the forcing logits processor, stats)
+        trainer = GRPOTrainer(..., args=GRPOConfig(use_vllm=True, vllm_mode="colocate", ...))
+    CreditCallback(every=1).attach(trainer)   # forces through trainer.vllm_generation.llm
+
+TRL builds its LLM with ``logprobs_mode="processed_logprobs"``: the logprobs it returns are taken after the logits
+processors, so a forced token's would be 0. Two things keep the certificates raw against raw, as the stages
+compare them: while TRL samples a measured step, ``SamplerTap`` keeps each sampled token's raw logprob (the
+model's log softmax, before any processor or temperature, as vLLM's raw mode computes it) beside what TRL keeps;
+while credit runs, ``raw_logprobs`` switches the engine's sampler to raw mode (TRL's own sampling is untouched).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ..measure.vllm_forcing import FORCING_PROCESSOR
+from .inputs import BadInput
+
+RAW = "raw_logprobs"
+
+
+@contextlib.contextmanager
+def vllm_for_credit():
+    """TRL's colocated LLM, built in this block, gets what forcing needs: the forcing logits processor (inert for
+    requests that do not ask for it), prefix caching and stats on (a resume is verified by the preemption count).
+    Its sampling is otherwise TRL's."""
+    try:
+        from trl.generation import vllm_generation as module
+    except ImportError as e:
+        raise BadInput(f"vllm_for_credit: TRL's vLLM generation cannot be imported ({e}); install trl and "
+                       f"vllm==0.22.1") from None
+    built = getattr(module, "LLM", None)
+    if built is None:
+        raise BadInput("vllm_for_credit: vLLM is not installed (TRL has no LLM to build); pip install vllm==0.22.1")
+
+    def LLM(*args, **kwargs):  # noqa: N802 - stands where TRL calls vllm.LLM
+        processors = list(kwargs.get("logits_processors") or [])
+        if FORCING_PROCESSOR not in processors:
+            processors.append(FORCING_PROCESSOR)
+        return built(*args, **{**kwargs, "logits_processors": processors, "enable_prefix_caching": True,
+                               "disable_log_stats": False})
+
+    module.LLM = LLM
+    try:
+        yield
+    finally:
+        module.LLM = built
+
+
+def colocated_llm(trainer):
+    """(TRL's colocated LLM, None) when credit can force through it, else (None, why not)."""
+    if not getattr(trainer, "use_vllm", False):
+        return None, "the trainer samples with transformers"
+    generation = getattr(trainer, "vllm_generation", None)
+    llm = getattr(generation, "llm", None)
+    if llm is None:
+        return None, "TRL's vLLM runs as a server (vllm_mode='server'), outside the trainer's process"
+    if getattr(generation, "enable_sleep_mode", False):
+        return None, ("TRL's vLLM sleeps after sampling (vllm_enable_sleep_mode=True drops its weights), so it "
+                      "cannot force a step's rollouts; turn sleep mode off")
+    if getattr(generation, "tensor_parallel_size", 1) != 1:
+        return None, "TRL's vLLM is split over GPUs (vllm_tensor_parallel_size > 1)"
+    from ..measure.vllm_given import missing_settings
+    missing = [m for m in missing_settings(llm) if not m.startswith("logprobs_mode")]
+    if missing:
+        return None, (f"TRL's LLM was built without {', '.join(missing)}: build the trainer inside `with "
+                      f"replaylib.credit.trl_vllm.vllm_for_credit():`")
+    return llm, None
+
+
+def model_runner(llm):
+    """The engine's model runner, in this process (TRL's colocated engine is: external_launcher)."""
+    try:
+        return llm.llm_engine.model_executor.driver_worker.model_runner
+    except AttributeError:
+        raise BadInput("this vllm.LLM's model runner is not in this process (vLLM's multi-process engine): its "
+                       "sampler's logprobs cannot be recorded or switched to raw") from None
+
+
+@contextlib.contextmanager
+def raw_logprobs(runner):
+    """The sampler returns raw logprobs in this block (the model's, before the forcing processor): vLLM keeps the
+    mode in the sampler and in its top-k/top-p sampler, whose processed value would replace the raw one."""
+    sampler = runner.sampler
+    modes = sampler.logprobs_mode, sampler.topk_topp_sampler.logprobs_mode
+    sampler.logprobs_mode = sampler.topk_topp_sampler.logprobs_mode = RAW
+    try:
+        yield
+    finally:
+        sampler.logprobs_mode, sampler.topk_topp_sampler.logprobs_mode = modes
+
+
+def request_number(req_id: str) -> int | None:
+    """LLM.generate numbers its requests 0, 1, ... and returns them in that order; the engine core's id adds a
+    suffix ('12-3f9a1c2b')."""
+    head = str(req_id).split("-", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+class SamplerTap:
+    """While recording: every sampled token of every request, with its raw logprob (log softmax of the logits the
+    sampler was given, computed as vLLM's raw mode computes it, before the sampler changes them)."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.calls: list = []  # per sampler call: (request ids, sampled tokens, their raw logprobs)
+
+    @contextlib.contextmanager
+    def recording(self):
+        sampler = self.runner.sampler
+        self.calls = []
+        forward = sampler.forward
+
+        def tapped(logits, sampling_metadata, *args, **kwargs):
+            raw = sampler.compute_logprobs(logits)
+            out = forward(logits, sampling_metadata, *args, **kwargs)
+            tokens = out.sampled_token_ids[:, 0].long()
+            rows = len(tokens)
+            self.calls.append((list(self.runner.input_batch.req_ids[:rows]), tokens.clone(),
+                               raw[:rows].gather(1, tokens[:, None])[:, 0].clone()))
+            return out
+
+        sampler.forward = tapped
+        try:
+            yield self
+        finally:
+            del sampler.forward  # the class's method again
+
+    def by_request(self) -> dict[str, tuple[list[int], list[float]]]:
+        found: dict = {}
+        for ids, tokens, logprobs in self.calls:
+            for req, token, lp in zip(ids, tokens.tolist(), logprobs.float().tolist()):
+                got = found.setdefault(req, ([], []))
+                got[0].append(token)
+                got[1].append(lp)
+        return found
+
+    def per_token(self, completion_ids, completion_mask):
+        """Rows x positions of the raw logprobs of each rollout's sampled tokens (0 past its end), the rollouts in
+        LLM.generate's order; None when what was recorded is not one generate call of these rollouts (then no
+        certificate: 'not recorded')."""
+        found = self.by_request()
+        numbered = sorted((request_number(r), r) for r in found)
+        rows, width = completion_ids.shape
+        if len(numbered) != rows or any(n is None for n, _ in numbered):
+            return None
+        values = torch.zeros(rows, width, dtype=torch.float32)
+        for i, (_, req) in enumerate(numbered):
+            tokens, logprobs = found[req]
+            want = completion_ids[i][completion_mask[i].bool()].tolist()
+            at = aligned(tokens, want)
+            if at is None:
+                return None
+            values[i, :len(want)] = torch.tensor(logprobs[at:at + len(want)])
+        return values
+
+
+def aligned(sampled: list[int], completion: list[int]) -> int | None:
+    """Where the completion starts among a request's sampled tokens: rows sampled while its prompt was still
+    being prefilled in chunks come first and are discarded by vLLM, as is a row sampled after it finished
+    (asynchronous scheduling); None if it is not there."""
+    n = len(completion)
+    for at in range(len(sampled) - n + 1):
+        if sampled[at:at + n] == completion:
+            return at
+    return None

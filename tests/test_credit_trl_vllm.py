@@ -1,0 +1,161 @@
+"""Credit through TRL's colocated vLLM engine (replaylib.credit.trl_vllm), the parts that run without a GPU: TRL's
+LLM built able to force, the sampler's raw logprobs recorded while TRL samples and matched to its rollouts, the
+sampler switched to raw while credit forces, and the cases where the callback cannot use TRL's engine. The whole
+path runs on the GPU (docs/gpu-h200.md, lease 17)."""
+import logging
+from collections import defaultdict
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from replaylib.credit.inputs import BadInput
+from replaylib.credit.trl import CreditCallback
+from replaylib.credit.trl_vllm import SamplerTap, aligned, colocated_llm, raw_logprobs, vllm_for_credit
+from replaylib.measure.vllm_forcing import FORCING_PROCESSOR
+
+
+def test_trl_s_llm_built_in_the_block_can_force_and_is_trl_s_own_after_it(monkeypatch):
+    from trl.generation import vllm_generation
+    built = []
+    monkeypatch.setattr(vllm_generation, "LLM", lambda **kwargs: built.append(kwargs) or "llm", raising=False)
+    stock = vllm_generation.LLM
+    with vllm_for_credit():
+        assert vllm_generation.LLM(model="m", logprobs_mode="processed_logprobs", logits_processors=["mine:P"]) == "llm"
+    assert vllm_generation.LLM is stock
+    assert built == [{"model": "m", "logprobs_mode": "processed_logprobs", "logits_processors": ["mine:P", FORCING_PROCESSOR],
+                      "enable_prefix_caching": True, "disable_log_stats": False}]  # TRL's sampling mode kept
+
+
+def test_without_vllm_the_block_says_so_in_one_line(monkeypatch):
+    from trl.generation import vllm_generation
+    monkeypatch.delattr(vllm_generation, "LLM", raising=False)
+    with pytest.raises(BadInput, match=r"^vllm_for_credit: vLLM is not installed .*pip install vllm==0.22.1$"):
+        with vllm_for_credit():
+            pass
+
+
+class FakeSampler(torch.nn.Module):
+    """vLLM's Sampler as the tap sees it: processed mode changes the logits in place (temperature) before it samples
+    the argmax here."""
+
+    def __init__(self):
+        super().__init__()
+        self.logprobs_mode = "processed_logprobs"
+        self.topk_topp_sampler = SimpleNamespace(logprobs_mode="processed_logprobs")
+
+    @staticmethod
+    def compute_logprobs(logits):
+        return logits.log_softmax(dim=-1, dtype=torch.float32)
+
+    def forward(self, logits, sampling_metadata):
+        logits.div_(0.5)
+        return SimpleNamespace(sampled_token_ids=logits.argmax(-1, keepdim=True).int())
+
+
+def test_the_tap_keeps_each_sampled_token_s_raw_logprob_by_request_and_matches_them_to_the_rollouts():
+    # requests 0 and 1 of one LLM.generate call; 1's prompt prefilled in two chunks (its first row is discarded by
+    # vLLM), 0 sampled once more after it finished (asynchronous scheduling)
+    batches = [["0-aa11bb22", "1-cc33dd44"], ["0-aa11bb22", "1-cc33dd44"], ["0-aa11bb22", "1-cc33dd44"],
+               ["0-aa11bb22"]]
+    runner = SimpleNamespace(sampler=FakeSampler(), input_batch=SimpleNamespace(req_ids=[]))
+    tap = SamplerTap(runner)
+    torch.manual_seed(0)
+    given = []
+    with tap.recording():
+        for ids in batches:
+            runner.input_batch.req_ids = ids + ["stale"]  # rows past the batch's are not the step's
+            logits = torch.randn(len(ids), 7)
+            given.append(logits.clone())
+            runner.sampler(logits=logits, sampling_metadata=None)
+    assert "forward" not in runner.sampler.__dict__  # the class's method again
+    raw = [torch.log_softmax(g, -1) for g in given]
+    tokens = [g.argmax(-1).tolist() for g in given]
+    completion_ids = torch.tensor([[tokens[0][0], tokens[1][0], tokens[2][0]], [tokens[1][1], tokens[2][1], 0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    found = tap.per_token(completion_ids, mask)
+    assert found[0].tolist() == [raw[0][0, tokens[0][0]].item(), raw[1][0, tokens[1][0]].item(),
+                                 raw[2][0, tokens[2][0]].item()]  # the raw logprob, not the processed one
+    assert found[1].tolist() == [raw[1][1, tokens[1][1]].item(), raw[2][1, tokens[2][1]].item(), 0.0]
+    # a rollout whose tokens were not sampled by the recorded requests: nothing to certify with
+    other = completion_ids.clone()
+    other[1, 0] = (other[1, 0] + 1) % 7
+    assert tap.per_token(other, mask) is None
+    assert tap.per_token(completion_ids[:1], mask[:1]) is None  # another number of requests than rollouts
+
+
+def test_a_completion_is_found_after_the_rows_vllm_discards():
+    assert aligned([9, 4, 5, 6, 2], [4, 5, 6]) == 1 and aligned([4, 5], [4, 5]) == 0 and aligned([4, 5], [5, 4]) is None
+    assert aligned([4], [4, 5]) is None
+
+
+def test_the_sampler_returns_raw_logprobs_while_credit_runs_and_trl_s_mode_after_even_on_failure():
+    runner = SimpleNamespace(sampler=FakeSampler())
+    with raw_logprobs(runner):
+        assert runner.sampler.logprobs_mode == runner.sampler.topk_topp_sampler.logprobs_mode == "raw_logprobs"
+    with pytest.raises(KeyError), raw_logprobs(runner):
+        raise KeyError("credit failed")
+    assert runner.sampler.logprobs_mode == runner.sampler.topk_topp_sampler.logprobs_mode == "processed_logprobs"
+
+
+def trl_llm(processors=(FORCING_PROCESSOR,), log_stats=True):
+    model_config = SimpleNamespace(logits_processors=list(processors), logprobs_mode="processed_logprobs", model="m")
+    return SimpleNamespace(llm_engine=SimpleNamespace(
+        model_config=model_config, log_stats=log_stats,
+        vllm_config=SimpleNamespace(cache_config=SimpleNamespace(enable_prefix_caching=True)),
+        model_executor=SimpleNamespace(driver_worker=SimpleNamespace(model_runner=SimpleNamespace(
+            sampler=FakeSampler(), input_batch=SimpleNamespace(req_ids=[]))))))
+
+
+@pytest.mark.parametrize("case, why", [
+    ("transformers", "samples with transformers"), ("server", "vllm_mode='server'"),
+    ("sleep", "vllm_enable_sleep_mode=True"), ("tp", "vllm_tensor_parallel_size > 1"),
+    ("not built for credit", "vllm_for_credit()"), ("no stats", "disable_log_stats=False")])
+def test_where_credit_cannot_force_through_trl_s_engine_it_says_why(case, why):
+    generation = SimpleNamespace(llm=trl_llm(), enable_sleep_mode=case == "sleep",
+                                 tensor_parallel_size=2 if case == "tp" else 1)
+    if case == "server":
+        generation.llm = None
+    if case == "not built for credit":
+        generation.llm = trl_llm(processors=())
+    if case == "no stats":
+        generation.llm = trl_llm(log_stats=False)
+    trainer = SimpleNamespace(use_vllm=case != "transformers", vllm_generation=generation)
+    llm, said = colocated_llm(trainer)
+    assert llm is None and why in said
+    trainer = SimpleNamespace(use_vllm=True, vllm_generation=SimpleNamespace(llm=trl_llm(), enable_sleep_mode=False,
+                                                                             tensor_parallel_size=1))
+    assert colocated_llm(trainer) == (trainer.vllm_generation.llm, None)  # TRL's logprobs_mode is switched, not asked
+
+
+def test_the_callback_records_through_trl_s_engine_and_switches_it_to_raw_while_credit_runs(caplog):
+    llm = trl_llm()
+    runner = llm.llm_engine.model_executor.driver_worker.model_runner
+    seen = {}
+
+    def sample_and_score(inputs):  # TRL's sampling: one request, two tokens
+        seen["tapped"] = "forward" in runner.sampler.__dict__
+        runner.input_batch.req_ids = ["0-aa11bb22"]
+        for _ in range(2):
+            runner.sampler(logits=torch.tensor([[0.0, 2.0, 1.0]]), sampling_metadata=None)
+        return {"completion_ids": torch.tensor([[1, 1]]), "completion_mask": torch.tensor([[1, 1]])}
+
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=0), model=SimpleNamespace(training=True),
+                              _metrics={"train": defaultdict(list)}, _generate_and_score_completions=sample_and_score,
+                              add_callback=lambda callback: None, use_vllm=True,
+                              vllm_generation=SimpleNamespace(llm=llm, enable_sleep_mode=False, tensor_parallel_size=1))
+    callback = CreditCallback(every=1, budget_share=None, strict=True)
+
+    def measure(out, inputs, step, budget_s):
+        seen["mode"] = runner.sampler.logprobs_mode, runner.sampler.topk_topp_sampler.logprobs_mode
+        seen["logps"] = callback.sampled_logps
+        return {}
+
+    callback.measure = measure
+    with caplog.at_level(logging.WARNING, logger="replaylib"):
+        callback.attach(trainer)
+        trainer._generate_and_score_completions([{"prompt": "p"}])
+    assert not caplog.records  # no "two engines" warning: credit forces through TRL's engine
+    assert seen["tapped"] and "forward" not in runner.sampler.__dict__
+    assert seen["mode"] == ("raw_logprobs", "raw_logprobs") and runner.sampler.logprobs_mode == "processed_logprobs"
+    assert seen["logps"].tolist() == [[torch.log_softmax(torch.tensor([0.0, 2.0, 1.0]), -1)[1].item()] * 2]
