@@ -25,6 +25,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import pyarrow as pa  # noqa: E402
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback  # noqa: E402
@@ -76,6 +77,8 @@ def main() -> None:
     parser.add_argument("--max-completion-length", type=int, default=256)
     parser.add_argument("--vllm-memory", type=float, default=0.1, help="TRL's vllm_gpu_memory_utilization")
     parser.add_argument("--budget-share", type=float, default=0.1)
+    parser.add_argument("--forcing", default="batch", choices=("batch", "groups"), help="the step's rollouts forced "
+                        "as TRL sampled them, in one call (batch), or each prompt's group alone (groups)")
     parser.add_argument("--no-vllm", action="store_true", help="sample with transformers (no GPU needed)")
     a = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -95,13 +98,15 @@ def main() -> None:
                       use_vllm=not a.no_vllm, vllm_mode="colocate", vllm_gpu_memory_utilization=a.vllm_memory,
                       vllm_enable_sleep_mode=False, gradient_checkpointing=cuda, disable_tqdm=True,
                       dataloader_num_workers=0)
-    dataset = Dataset.from_list(gsm8k_rows(1000, a.steps * a.prompts))
+    # a fingerprint of its own: datasets' default one pickles the table with dill, which fails on some pyarrow and
+    # Python pairs ("Can't pickle <class 'MonthDayNano'>")
+    dataset = Dataset(pa.Table.from_pylist(gsm8k_rows(1000, a.steps * a.prompts)), fingerprint=f"gsm8k-1000-{a.steps * a.prompts}")
     with contextlib.nullcontext() if a.no_vllm else vllm_for_credit():
         trainer = GRPOTrainer(model=model, reward_funcs=[correct], args=args, train_dataset=dataset,
                               processing_class=tokenizer)
     # every step; up to 2 pivots a rollout, 4 continuations per arm of up to 128 tokens, in the default budget
     callback = CreditCallback(every=1, budget_share=a.budget_share, k=4, max_pivots_per_rollout=2,
-                              max_cont_tokens=128).attach(trainer)
+                              max_cont_tokens=128, forcing=a.forcing).attach(trainer)
     trainer.add_callback(StepLog(out / "metrics.jsonl"))
     began = time.perf_counter()
     trainer.train()

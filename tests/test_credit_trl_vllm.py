@@ -159,3 +159,37 @@ def test_the_callback_records_through_trl_s_engine_and_switches_it_to_raw_while_
     assert seen["tapped"] and "forward" not in runner.sampler.__dict__
     assert seen["mode"] == ("raw_logprobs", "raw_logprobs") and runner.sampler.logprobs_mode == "processed_logprobs"
     assert seen["logps"].tolist() == [[torch.log_softmax(torch.tensor([0.0, 2.0, 1.0]), -1)[1].item()] * 2]
+
+
+def test_a_batch_vllm_sampled_in_one_call_is_bit_exact_forced_whole_where_forcing_each_group_differs():
+    """On an engine whose numbers depend on the batch (the stand-in's batch_dependent), forcing each prompt's rollouts
+    alone computes them in other batches than the sampler's; forcing the step's batch whole, in its order, in one
+    call (forcing="batch") computes them in the sampler's."""
+    from vllm_standin import FakeLLM, FakeSP
+
+    from replaylib.credit.estimator import Estimator
+    from replaylib.measure.engine_vllm import VLLMEngine
+    llm = FakeLLM(block_size=4, forcing=True, batch_dependent=True)
+    prompts = [[0, 5, 9, 14, 22, 31, 7, 1]] * 3 + [[0, 6, 12, 30, 1]] * 3
+    params = [FakeSP(temperature=1.0, max_tokens=12, logprobs=1, seed=s, ignore_eos=True) for s in range(len(prompts))]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)  # TRL's one call for the step
+    width, length = max(map(len, prompts)), max(len(o.outputs[0].token_ids) for o in outs)
+    batch = {"prompt_ids": [], "prompt_mask": [], "completion_ids": [], "completion_mask": [], "logprobs": [],
+             "ground_truth": ["7"] * len(prompts)}
+    for prompt, out in zip(prompts, outs):  # TRL's tensors: prompts padded on the left, completions on the right
+        comp = out.outputs[0]
+        pad, tail = width - len(prompt), length - len(comp.token_ids)
+        batch["prompt_ids"].append([0] * pad + prompt)
+        batch["prompt_mask"].append([0] * pad + [1] * len(prompt))
+        batch["completion_ids"].append(list(comp.token_ids) + [0] * tail)
+        batch["completion_mask"].append([1] * len(comp.token_ids) + [0] * tail)
+        batch["logprobs"].append([step[t].logprob for t, step in zip(comp.token_ids, comp.logprobs)] + [0.0] * tail)
+    certificates = {}
+    for forcing in ("batch", "groups"):
+        engine = VLLMEngine(llm, FakeSP, serving="inprocess", config="credit", forcing=True)
+        estimator = Estimator(engine=engine, grader="tests.credit_grader:compute_score", forcing=forcing, k=1,
+                              max_cont_tokens=4, margin=9.0, max_pivots_per_rollout=1)
+        frame = estimator(batch)
+        assert len(frame) and frame["verified_resume"].all()
+        certificates[forcing] = set(frame["certificate"])
+    assert certificates["batch"] == {"bit-exact"} and "differs" in certificates["groups"]

@@ -99,7 +99,8 @@ class FakeLLM:
     diverge: {trunk seed: generated index}: every regeneration of that trunk (a trunk request
     after the first with that seed) samples another token there, and so differs from then on."""
 
-    def __init__(self, block_size=4, num_gpu_blocks=None, reset_ok=True, racy=False, forcing=False):
+    def __init__(self, block_size=4, num_gpu_blocks=None, reset_ok=True, racy=False, forcing=False,
+                 batch_dependent=False):
         cache_config = SimpleNamespace(block_size=block_size, num_gpu_blocks=num_gpu_blocks)
         self.llm_engine = SimpleNamespace(
             vllm_config=SimpleNamespace(cache_config=cache_config),
@@ -113,6 +114,9 @@ class FakeLLM:
         self.racy, self.paused, self.queued, self.race = racy, False, [], 0
         self.diverge, self.trunks_seen = {}, set()
         self.forcing = forcing  # started with the forcing logits processor (replaylib.measure.vllm_forcing)
+        # a GPU whose kernels depend on the batch: a call's logprobs are perturbed by what the call holds (its
+        # prompts' lengths in order), the same for the same batch
+        self.batch_dependent = batch_dependent
 
     def get_tokenizer(self):
         return FakeTokenizer()
@@ -154,6 +158,8 @@ class FakeLLM:
 
     def _call(self, prompts, sampling_params, race):
         self.calls.append((prompts, sampling_params))
+        if self.batch_dependent:
+            race = 1 + _h(*(len(p["prompt_token_ids"]) for p in prompts)) % 997
         self.preempted += self.preempt_per_call
         return [self._one(p["prompt_token_ids"], sp, race) for p, sp in zip(prompts, sampling_params)]
 

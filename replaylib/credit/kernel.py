@@ -60,14 +60,22 @@ FORCED = weakref.WeakKeyDictionary()
 def batch_rows(engine, group: list, width: int, observe: dict):
     """A group's trunks and decode-time states out of its whole sampled batch forced as the sampler batched it
     (the batch forced once for all its groups on this engine)."""
-    from ..measure.hf_batch_forcing import force_batch
     batch = group[0].batch
+    rows = [r.batch_row for r in group]
     key = (id(engine), width, getattr(observe.get("observe"), "temperature", None))
+    if engine.name == "vllm":  # the blocks live in its prefix cache: each group's state forces the batch again
+        from ..measure import vllm_batch_forcing as forcing
+        if FORCED.get(batch, (None,))[0] != key:
+            FORCED.clear()
+            FORCED[batch] = (key, *forcing.force_batch(engine, batch.prompts, batch.responses, width), engine.epoch)
+        _, trunks, preempted, epoch = FORCED[batch]
+        group_of_batch = forcing.GroupOfBatch(batch.prompts, batch.responses, rows, width)
+        return [trunks[b] for b in rows], forcing.group_state(engine, group_of_batch, trunks, preempted, epoch)
+    from ..measure.hf_batch_forcing import force_batch
     if FORCED.get(batch, (None,))[0] != key:
         FORCED.clear()  # one batch's states held at a time
         FORCED[batch] = (key, *force_batch(engine, batch.prompts, batch.responses, batch.width, width, **observe))
     _, trunks, state = FORCED[batch]
-    rows = [r.batch_row for r in group]
     return [trunks[b] for b in rows], ResidentState({i: state[b] for i, b in enumerate(rows)},
                                                     {i: state.expected[b] for i, b in enumerate(rows)})
 

@@ -58,8 +58,8 @@ class Settings:
     grader_timeout: float = graders.DEFAULT_TIMEOUT  # seconds per call of a user's grader
     grader_kind: str = "auto"  # how a user's grader is called: auto (from its parameters), verl, trl, openrlhf
     logprobs_temperature: float = 1.0  # the temperature per-position logprobs were taken at
-    # how the decode-time states are rebuilt: each prompt's rollouts forced together ("groups"), or a padded batch's
-    # rows all together as transformers' generate sampled them ("batch": its left padding, finished rows kept)
+    # how the decode-time states are rebuilt: each prompt's rollouts forced together ("groups"), or a batch's rows all
+    # together as the sampler batched them ("batch": generate's left padding, finished rows kept; vLLM's one call)
     forcing: str = "groups"
     serving: str = "multiprocess"  # vLLM: its default multi-process engine (as pipelines run it) or in-process
     gpu_memory_utilization: float = 0.9  # vLLM: the share of GPU memory for weights and (with kv_cache_gib 0) cache
@@ -91,10 +91,9 @@ class Settings:
             raise BadInput(f"--executor {self.executor}: choose local or ray")
         if self.forcing not in FORCINGS:
             raise BadInput(f"forcing {self.forcing!r}: choose {' or '.join(FORCINGS)}")
-        if self.forcing == "batch" and (self.engine != "hf" or self.invariant):
-            raise BadInput("forcing 'batch' rebuilds transformers' generate batch on the transformers engine, which "
-                           f"{'--invariant runs one sequence at a time' if self.invariant else '--engine vllm is not'}; "
-                           "use forcing 'groups'")
+        if self.forcing == "batch" and self.invariant:
+            raise BadInput("forcing 'batch' rebuilds the sampler's batch, which --invariant (one sequence at a time) "
+                           "does not have; use forcing 'groups'")
         graders.check_kind(self.grader_kind)
 
     def key(self) -> str:

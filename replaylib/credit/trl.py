@@ -279,14 +279,15 @@ class CreditCallback(TrainerCallback):
         grader = self.grader or trainer.reward_funcs[0]
         if callable(grader) and not isinstance(grader, str) and kind_of(grader) == "trl":
             self.reward = grader = TrainerReward(grader, trainer)
+        # the step's rows forced as the sampler batched them: generate's left-padded batch, or vLLM's one call
+        forcing = "batch" if (self.llm is not None or self.generates()) and not self.settings.get("invariant") \
+            else "groups"
         if self.llm is not None:  # TRL's engine, its sampler switched to raw logprobs while credit runs
             from ..measure.vllm_given import engine_around
             engine = engine_around(self.llm, self.settings.get("invariant", False), raw_switched=True)
-            self.estimator = Estimator(engine=engine, grader=grader, **{**self.settings, "logprobs_temperature": 1.0,
-                                                                        "forcing": "groups"})
+            self.estimator = Estimator(engine=engine, grader=grader, **{"forcing": forcing, **self.settings,
+                                                                        "logprobs_temperature": 1.0})
         else:
-            # transformers' generate sampled the step's rows in one left-padded batch: forced as it batched them
-            forcing = "batch" if self.generates() and not self.settings.get("invariant") else "groups"
             settings = {"logprobs_temperature": float(trainer.args.temperature), "forcing": forcing, **self.settings}
             self.estimator = Estimator(model=trainer.accelerator.unwrap_model(trainer.model),
                                        tokenizer=trainer.processing_class, grader=grader, **settings)

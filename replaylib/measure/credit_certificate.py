@@ -11,7 +11,11 @@ keep them), or both. The verdict is
 * ``within arithmetic``: the same top-k ids, and every difference within what float32 arithmetic on the
   forced decode's own logits can produce (the bound below), so the state is the one that was decoded;
 * ``differs``: anything else (or a difference no bound covers: an engine that returns no logits);
-* ``not recorded`` / ``not comparable`` (per-position logprobs on an engine that returns no logits).
+* ``not recorded`` / ``not comparable`` (per-position logprobs on an engine that returns neither logits nor the
+  token's own logprob).
+
+On vLLM, which returns no logits, a per-position logprob is compared with vLLM's own raw logprob of the forced
+token (``Trunk.token_logprobs``): bit-exact, or differs.
 
 The bound. u = 2^-24 (float32's unit roundoff); at a position, z = logits / T, m = max z, L = logsumexp(z),
 p_i = exp(z_i - L), H = -sum p_i ln p_i <= ln V, V the number of logits, x the exact logprob of an entry (in
@@ -106,8 +110,8 @@ def certificate(top: list | None, logprobs: list | None, trunk) -> dict:
     where no bound)."""
     if top is None and logprobs is None:
         return {"certificate": "not recorded", "certificate_max_diff": None, "certificate_bound_used": None}
-    seen = trunk.observed
-    if logprobs is not None and seen is None:  # no logits on this engine: a per-position logprob has no match
+    seen, own = trunk.observed, getattr(trunk, "token_logprobs", None)
+    if logprobs is not None and seen is None and own is None:  # no logits, no token's logprob: nothing to match
         if top is None:
             return {"certificate": "not comparable", "certificate_max_diff": None, "certificate_bound_used": None}
         logprobs = None
@@ -126,7 +130,11 @@ def certificate(top: list | None, logprobs: list | None, trunk) -> dict:
                 if shared:
                     used = max(used, _position_used([recorded[t] - at[t] for t in shared], seen[i]["lse"],
                                                     [at[t] for t in shared], seen[i]["vocab"]))
-        if logprobs is not None:
+        if logprobs is not None and seen is None:  # vLLM's own logprob of the token: equal, or no bound says more
+            diff = abs(float(logprobs[i]) - own[i])
+            exact &= diff == 0.0
+            worst = max([worst, diff], key=lambda d: (math.isnan(d), d))
+        elif logprobs is not None:
             diff = abs(float(logprobs[i]) - seen[i]["token_float32"])
             exact &= diff == 0.0
             worst = max([worst, diff], key=lambda d: (math.isnan(d), d))

@@ -22,6 +22,7 @@ class Trunk:
     topk_logprobs: list[list[float]]
     finish_reason: str  # "eos", "answer" or "length"
     observed: list | None = None  # forced decoding with an observer: what it returned at every step
+    token_logprobs: list | None = None  # each generated token's own raw logprob (vLLM's, which returns no logits)
 
 
 @dataclass

@@ -316,21 +316,23 @@ class VLLMEngine:
         params = [self.SamplingParams(temperature=s["temperature"], top_p=s["top_p"], max_tokens=s["max_new_tokens"],
                                       logprobs=s["top_logprobs"], seed=seed, detokenize=False,
                                       stop_token_ids=self.answer_stops) for _, seed in seeds]
-        return self._trunk_call(pid, prompt, seeds, params, s["top_logprobs"], f"trunks of problem {pid}")
+        return self._trunk_call(pid, [prompt] * len(seeds), seeds, params, s["top_logprobs"],
+                                f"trunks of problem {pid}")
 
-    def _trunk_call(self, pid: int, prompt: list[int], seeds: list[tuple[int, int]], params: list, top_logprobs: int,
-                    label: str):
-        """One problem's trunk requests (rollout, seed; their sampling parameters) in one call, synchronized,
+    def _trunk_call(self, pid: int, prompts: list[list[int]], seeds: list[tuple[int, int]], params: list,
+                    top_logprobs: int, label: str):
+        """Trunk requests (a prompt each; rollout, seed; their sampling parameters) in one call, synchronized,
         on a freshly reset prefix cache; returns (trunks, preemptions during the call)."""
         self._reset(label)
-        outs, preempted = self._generate([prompt] * len(seeds), params, label, synchronized=True)
+        outs, preempted = self._generate(prompts, params, label, synchronized=True)
         trunks = []
-        for (r, seed), out in zip(seeds, outs):
+        for (r, seed), prompt, out in zip(seeds, prompts, outs):
             comp = out.outputs[0]
             top = [topk_of(step, top_logprobs) for step in comp.logprobs]
             gen = ints(comp.token_ids)
             finish = "eos" if comp.finish_reason == "stop" or (gen and gen[-1] in self.stop_ids) else "length"
-            trunks.append(Trunk(pid, r, seed, list(prompt), gen, [t[0] for t in top], [t[1] for t in top], finish))
+            trunks.append(Trunk(pid, r, seed, list(prompt), gen, [t[0] for t in top], [t[1] for t in top], finish,
+                                token_logprobs=[float(step[t].logprob) for t, step in zip(gen, comp.logprobs)]))
         return trunks, preempted
 
     def sample_trunks(self, prompts: dict[int, list[int]], n_rollouts: int, seeds: dict, temperature: float,
@@ -355,20 +357,21 @@ class VLLMEngine:
             raise ValueError(f"config '{self.config}': forced decoding needs the engine started with "
                              f"VLLMEngine.from_params(..., forcing=True) (the forcing logits processor)")
         prompt = ints(prompt_ids)
-        trunks, preempted = self._forced_requests(0, prompt, [ints(r) for r in responses], top_logprobs)
+        trunks, preempted = self._forced_requests(0, [prompt] * len(responses), [ints(r) for r in responses],
+                                                  top_logprobs)
         saved = {t.rollout: {"seed": 0, "prompt_ids": prompt, "gen_ids": t.gen_ids, "topk_ids": t.topk_ids,
                              "topk_logprobs": t.topk_logprobs} for t in trunks}
         state = ResidentTrunks(0, prompt, saved, forced=top_logprobs)
         self._record(state, trunks, preempted)
         return trunks, state
 
-    def _forced_requests(self, pid: int, prompt: list[int], responses: list[list[int]], top_logprobs: int):
-        """The responses forced through the decode (greedy over the one allowed token, EOS ignored until the
-        end), submitted as trunks are; a request whose tokens are not the response's stops the run: the
-        forcing was not in effect."""
+    def _forced_requests(self, pid: int, prompts: list[list[int]], responses: list[list[int]], top_logprobs: int):
+        """The responses (each after its prompt) forced through the decode (greedy over the one allowed token, EOS
+        ignored until the end), submitted as trunks are; a request whose tokens are not the response's stops the
+        run: the forcing was not in effect."""
         params = [self.SamplingParams(temperature=0.0, max_tokens=len(resp), logprobs=top_logprobs, ignore_eos=True,
                                       detokenize=False, extra_args={FORCE_KEY: resp}) for resp in responses]
-        trunks, preempted = self._trunk_call(pid, prompt, [(r, 0) for r in range(len(responses))], params,
+        trunks, preempted = self._trunk_call(pid, prompts, [(r, 0) for r in range(len(responses))], params,
                                              top_logprobs, f"forced decoding of problem {pid}")
         for trunk, resp in zip(trunks, responses):
             if trunk.gen_ids != resp:
@@ -406,10 +409,12 @@ class VLLMEngine:
         return state, {r: state.clean for r in saved}
 
     def _establish(self, state: "ResidentTrunks") -> None:
-        if state.forced:
-            regen, preempted = self._forced_requests(state.problem_id, state.prompt_ids,
-                                                     [s["gen_ids"] for _, s in sorted(state.saved.items())],
-                                                     state.forced)
+        if state.batch is not None:  # its rows of a batch forced whole (vllm_batch_forcing): the batch again
+            regen, preempted = state.batch.force(self)
+        elif state.forced:
+            responses = [s["gen_ids"] for _, s in sorted(state.saved.items())]
+            regen, preempted = self._forced_requests(state.problem_id, [state.prompt_ids] * len(responses),
+                                                     responses, state.forced)
         else:
             regen, preempted = self._trunk_requests(state.problem_id, state.prompt_ids,
                                                     [(r, s["seed"]) for r, s in sorted(state.saved.items())],

@@ -59,3 +59,4 @@ class ResidentTrunks:
     allocated: int = 0  # blocks the exact passes' requests took since
     established: int = 0  # regenerations so far
     forced: int = 0  # forced decoding (VLLMEngine.force_trunks): the top-k width it records; 0: sampled trunks
+    batch: object = None  # its rows of a batch forced whole (vllm_batch_forcing.GroupOfBatch), else None

@@ -1,0 +1,41 @@
+"""Lease 17's numbers from the GRPO runs' outputs (examples/trl_grpo_vllm_credit.py: <out>/metrics.jsonl and
+<out>/credit/pivots.jsonl): per run, the steps, the training's and credit's seconds and credit's share, the
+rollouts and pivots measured, the certificates, the resumes verified, and the pooled rates with the verdict.
+    python docs/gpu-h200/scripts/lease17_numbers.py DIR...      (each DIR a run's --out)"""
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+
+def summary(out: Path) -> str:
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if "credit/seconds" in s]
+    pivots_file = out / "credit" / "pivots.jsonl"
+    pivots = [json.loads(line) for line in pivots_file.read_text().splitlines()] if pivots_file.exists() else []
+    last = steps[-1]
+    wall = sum(s["wall_s"] for s in steps)
+    credit = sum(s["credit/seconds"] for s in steps)
+    rollouts = sum(s.get("credit/rollouts", 0) for s in steps)
+    measured = sum(1 for s in steps if s.get("credit/rollouts", 0) > 0)
+    by_rollout = {(p["step"], p["id"]): p["certificate"] for p in pivots}
+    lines = [f"{out.name}: {len(steps)} steps, {wall:.1f} s of steps (credit's included), credit {credit:.1f} s, "
+             f"share of the training's own time {last['credit/share_total']:.3f}",
+             f"  steps with credit: {measured}; rollouts measured {rollouts:.0f}; pivots {len(pivots)}; "
+             f"skipped {sum(s.get('credit/skipped', 0) for s in steps):.0f}",
+             f"  certificates by rollout: {dict(Counter(by_rollout.values()))}",
+             f"  resumes verified: {sum(p.get('verified_resume', False) for p in pivots)}/{len(pivots)}; "
+             f"replica verified: {sum(p.get('verified_replica', False) for p in pivots)}/{len(pivots)}",
+             f"  pooled: common pivots {last.get('credit/pooled_common_pivots', 0):.0f}, problems "
+             f"{last.get('credit/pooled_problems', 0):.0f}, floor {last.get('credit/pooled_floor')} "
+             f"[{last.get('credit/pooled_floor_lo')}, {last.get('credit/pooled_floor_hi')}], refeed "
+             f"{last.get('credit/pooled_refeed')} [{last.get('credit/pooled_refeed_lo')}, "
+             f"{last.get('credit/pooled_refeed_hi')}], verdict value {last.get('credit/refeed_above_floor')}",
+             f"  per step (step, wall s, credit s, budget s, rollouts, share): " + "; ".join(
+                 f"{s['step']} {s['wall_s']:.1f} {s['credit/seconds']:.1f} {s.get('credit/budget_s', 0):.1f} "
+                 f"{s.get('credit/rollouts', 0):.0f} {s.get('credit/share', 0):.3f}" for s in steps)]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print("\n".join(summary(Path(d)) for d in sys.argv[1:]))
