@@ -192,3 +192,21 @@ def test_the_tool_s_vllm_engine_has_a_fixed_kv_cache_unless_told_otherwise():
     assert Settings(model="m", grader="gsm8k", kv_cache_gib=0).params().kv_cache_gib == 0
     with pytest.raises(BadInput, match=r"^--kv-cache-gib -1"):
         Settings(model="m", grader="gsm8k", kv_cache_gib=-1).check()
+
+
+def test_a_grader_holding_what_cannot_be_copied_is_named_in_the_summary(rows, tiny_engine):
+    """A grader object that holds a trainer (TRL's reward around GRPOTrainer, whose vLLM engine holds queues) is
+    shown by its name: the summary copies no grader."""
+    import queue
+
+    class Reward:
+        def __init__(self):
+            self.engine_queue = queue.SimpleQueue()  # as vLLM's engine holds: it cannot be copied or pickled
+
+        def __call__(self, data_source, solution_str, ground_truth, extra_info=None):
+            return float(ground_truth in solution_str)
+
+    estimator = Estimator(engine=tiny_engine, grader=Reward(), **FAST)
+    frame = estimator(rows)
+    assert len(frame) and estimator.summary["settings"]["grader"] == "Reward"
+    assert estimator.summary["settings"]["k"] == FAST["k"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import pandas as pd
@@ -219,6 +219,15 @@ def versions(grader: str) -> dict:
     return found
 
 
+def shown_settings(settings: Settings) -> dict:
+    """The settings as the summary shows them: a grader given as an object by its name (copying it would copy
+    what it holds, a trainer and its engine)."""
+    shown = {f.name: getattr(settings, f.name) for f in fields(settings) if f.name not in WHERE}
+    if not isinstance(settings.grader, str):
+        shown["grader"] = getattr(settings.grader, "__name__", type(settings.grader).__name__)
+    return {**shown, "passes": list(settings.passes)}
+
+
 def summarize(frame: pd.DataFrame, settings: Settings, n_rollouts: int, described: dict) -> dict:
     rows = frame.to_dict("records")
     certs = frame["certificate"].value_counts().to_dict() if len(frame) else {}
@@ -229,7 +238,7 @@ def summarize(frame: pd.DataFrame, settings: Settings, n_rollouts: int, describe
                "certificates": {str(k): int(v) for k, v in certs.items()},
                "passes_agree": int(frame["passes_agree"].sum()) if len(frame) else 0,
                "pass_map": {p: kernel.PASS_OF[p] for p in settings.passes},
-               "settings": {k: v for k, v in asdict(settings).items() if k not in WHERE},
+               "settings": shown_settings(settings),
                "engine": described, "versions": versions(settings.grader)}
     if settings.invariant:  # invariant mode: every pass must agree bit for bit
         summary["invariant_ok"] = bool(frame["passes_agree"].all()) if len(frame) else True
