@@ -7,7 +7,10 @@ of a tenth of the training's time.
     python examples/trl_grpo_vllm_credit.py --no-vllm --model tiny:0 --steps 1 --out /tmp/g   # the plumbing, CPU
 
 It writes <out>/metrics.jsonl (every step's logs, the credit metrics among them), <out>/credit/pivots.jsonl (every
-pivot measured) and prints each step's credit line and, last, the pooled verdict.
+pivot measured) and prints each step's credit line and, last, the pooled verdict. On an H100 a step takes about
+1.5 s and one prompt's group of credit about 8 s (docs/gpu-h200.md, lease 17): in the default budget credit
+measures a group about every 60 steps, after its calibration (about 5 s) is paid back; --budget-share 1.0 measures
+one every few steps, and a large share (1000) every rollout of every step.
 """
 from __future__ import annotations
 

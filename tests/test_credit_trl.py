@@ -19,6 +19,7 @@ import pytest
 from replaylib.analysis import claims, stats
 from replaylib.credit.calibration import Cost
 from replaylib.credit.inputs import BadInput
+from replaylib.credit.kernel import groups_of
 from replaylib.credit.running import VERDICT_VALUE, Pooled, wilson
 from replaylib.credit.tool import Settings, records_of
 from replaylib.credit.trl import CreditCallback, rollout_ids
@@ -43,6 +44,20 @@ def test_the_cost_fits_rollouts_to_a_budget_and_follows_what_the_groups_measured
     assert cost.fitting(rollouts, 13.0) == 2 and cost.fitting(rollouts, 5.9) == 0 and cost.fitting(rollouts, 99) == 4
     cost.update([rollouts[:2]], seconds=6.0)  # the group took half its estimate
     assert cost.scale() == 0.5 and cost.fitting(rollouts, 13.0) == 4 and cost.basis() == "from the groups measured so far (1)"
+
+
+def test_under_forcing_batch_each_group_is_priced_with_its_whole_batch_forced():
+    """A group forced with its batch (forcing "batch") costs the batch's decode, however few of its rollouts are
+    measured: one rollout of a 32-row batch was estimated at 0.88 s and took 7.0 s on lease 17."""
+    settings = Settings(model="m", grader="gsm8k", max_pivots_per_rollout=1)
+    cost = Cost(settings, {"forced": (0.5, 0.01), "pass": None, "pivots": 0})  # forced decoding: 0.5 s + 10 ms a step
+    batch = SimpleNamespace(responses=[[5] * 4, [5] * 4, [6] * 200])
+    rows = [SimpleNamespace(prompt_ids=[1, p], response_ids=r, positions=None, batch=batch)
+            for p, r in zip((0, 0, 1), batch.responses)]
+    assert cost(groups_of(rows[:1])) == pytest.approx(0.5 + 0.01 * 200)  # the batch's longest response
+    assert cost(groups_of(rows)) == pytest.approx(2 * (0.5 + 0.01 * 200))  # forced again for the second group
+    alone = [SimpleNamespace(prompt_ids=[1, 0], response_ids=[5] * 4, positions=None, batch=None)]
+    assert cost(groups_of(alone)) == pytest.approx(0.5 + 0.01 * 4)
 
 
 class FakeTrainer(SimpleNamespace):

@@ -65,11 +65,19 @@ def calibrate(engine, settings, group: list, clock=time.perf_counter) -> dict:
     return {"forced": forced, "pass": fit(steps, tuple(one_pass(n) for n in steps)), "pivots": len(jobs)}
 
 
+def forced_length(group: list) -> int:
+    """The decode steps a group's forced decoding takes: its longest response; forced with its whole batch
+    (forcing "batch": the batch is forced for each group whose passes need it), the batch's longest."""
+    batch = getattr(group[0], "batch", None)
+    responses = batch.responses if batch is not None else [r.response_ids for r in group]
+    return max(len(r) for r in responses)
+
+
 def estimate(groups: list[list], todo: list[int], settings, measured: dict) -> tuple[float, float]:
-    """(seconds for the plan, seconds of passes a pivot): each group's longest response forced, and each pass
+    """(seconds for the plan, seconds of passes a pivot): each group's forced decoding (forced_length), and each pass
     over its pivots at the full continuation length, scaled from the calibration's pivots."""
     fixed, per_step = measured["forced"]
-    total = sum(fixed + per_step * max(len(r.response_ids) for r in groups[i]) for i in todo)
+    total = sum(fixed + per_step * forced_length(groups[i]) for i in todo)
     if not measured["pass"]:
         return total, 0.0
     fixed, per_step = measured["pass"]
