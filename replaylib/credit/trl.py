@@ -153,12 +153,11 @@ class SampledLogprobs:
 
 class CreditCallback(TrainerCallback):
     """every: measure every N optimizer steps. sample: at most this many of a step's rollouts (None: all that fit
-    the budget). budget_share: credit's seconds at most this share of a step's own time (None: no budget);
-    budget_s: seconds instead. ground_truth: the dataset column of the answer, for a grader that is not a TRL
-    reward function (gsm8k, math, verl's compute_score). strict: a failure in credit stops training.
-    settings: those of replaylib.credit.tool.Settings (k, margin, max_cont_tokens, ...). budget_share is of the
-    training's time so far, less credit's seconds so far (unspent seconds carry over to the next measured
-    step)."""
+    the budget). budget_share: credit's seconds at most this share of the training's own time so far, less
+    credit's seconds so far (unspent seconds carry over; None: no budget); budget_s: seconds per measured step
+    instead. ground_truth: the dataset column of the answer, for a grader that is not a TRL reward function
+    (gsm8k, math, verl's compute_score). strict: a failure in credit stops training. settings: those of
+    replaylib.credit.tool.Settings (k, margin, max_cont_tokens, forcing, ...)."""
 
     clock = staticmethod(time.perf_counter)
 
