@@ -1,7 +1,9 @@
-"""Credit through TRL's colocated vLLM engine (replaylib.credit.trl_vllm), the parts that run without a GPU: TRL's
-LLM built able to force, the sampler's raw logprobs recorded while TRL samples and matched to its rollouts, the
-sampler switched to raw while credit forces, and the cases where the callback cannot use TRL's engine. The whole
-path runs on the GPU (docs/gpu-h200.md, lease 17)."""
+"""Credit through TRL's colocated vLLM engine (replaylib.credit.trl_vllm) without a GPU: TRL's LLM built able to
+force, the sampler's raw logprobs recorded while TRL samples and matched to its rollouts, the sampler switched to
+raw while credit forces, the cases where the callback cannot use TRL's engine, forcing="batch" on a vLLM engine,
+and the whole path of a GRPO step on the stand-in engine (tests/vllm_standin.py, with numbers that depend on the
+batch) as TRL's engine: certified bit-exact forced as sampled, differing forced a group at a time."""
+import json
 import logging
 from collections import defaultdict
 from types import SimpleNamespace
@@ -193,3 +195,100 @@ def test_a_batch_vllm_sampled_in_one_call_is_bit_exact_forced_whole_where_forcin
         assert len(frame) and frame["verified_resume"].all()
         certificates[forcing] = set(frame["certificate"])
     assert certificates["batch"] == {"bit-exact"} and "differs" in certificates["groups"]
+
+
+class TrlLLM:
+    """TRL's colocated LLM as the callback meets it, on the stand-in: vLLM's request numbering, its model runner in
+    the process, and a sampler called at every decode step with the requests of that step (whose raw logprobs
+    are the stand-in's own: its compute_logprobs hands them through)."""
+
+    def __init__(self, llm):
+        from vllm_standin import FakeSP  # noqa: F401 - the stand-in's SamplingParams, for the engine
+
+        self.llm, self.counter = llm, 0
+        self.llm_engine = llm.llm_engine
+        self.llm_engine.model_config.logits_processors = [FORCING_PROCESSOR]
+        self.llm_engine.model_config.logprobs_mode = "processed_logprobs"
+        self.llm_engine.model_config.model = "standin"
+        self.llm_engine.model_config.dtype = "bfloat16"
+        self.llm_engine.vllm_config.cache_config.enable_prefix_caching = True
+        self.llm_engine.log_stats = True
+        sampler = FakeSampler()
+        sampler.compute_logprobs = lambda logits: logits.clone()  # the stand-in's logprobs are the logits here
+        sampler.forward = None
+        del sampler.forward
+        self.runner = SimpleNamespace(sampler=sampler, input_batch=SimpleNamespace(req_ids=[]))
+        self.llm_engine.model_executor = SimpleNamespace(driver_worker=SimpleNamespace(model_runner=self.runner))
+
+    def __getattr__(self, name):
+        return getattr(self.llm, name)
+
+    def generate(self, prompts, sampling_params, use_tqdm=True):
+        outs = self.llm.generate(prompts, sampling_params, use_tqdm)
+        ids = [f"{self.counter + i}-ab12cd34" for i in range(len(outs))]
+        self.counter += len(outs)
+        steps = max(len(o.outputs[0].token_ids) for o in outs)
+        for step in range(steps):  # the sampler, once a step, over the requests still decoding
+            live = [i for i, o in enumerate(outs) if step < len(o.outputs[0].token_ids)]
+            self.runner.input_batch.req_ids = [ids[i] for i in live]
+            logits = torch.full((len(live), 64), -1e9, dtype=torch.float64)
+            for row, i in enumerate(live):
+                comp = outs[i].outputs[0]
+                token = comp.token_ids[step]
+                logits[row, token] = comp.logprobs[step][token].logprob if comp.logprobs else 0.0
+            self.runner.sampler(logits=logits, sampling_metadata=None)
+        return outs
+
+
+def test_a_grpo_step_sampled_by_trl_s_vllm_engine_is_certified_bit_exact_through_that_engine(tmp_path, monkeypatch):
+    """The whole path on the stand-in (numbers that depend on the batch): the callback records what TRL's engine
+    sampled, forces the step's batch through that same engine as it sampled it, and certifies every rollout
+    bit-exact; its metrics and pivots land where the trainer's do. Forced a group at a time, they differ."""
+    import queue
+    import sys
+
+    import trl.data_utils  # noqa: F401 - imported before vLLM's stand-in module (TRL asks whether vLLM is installed)
+    from vllm_standin import FakeLLM, FakeSP
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(SamplingParams=FakeSP, __version__="standin"))
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    prompts = [[0, 5, 9, 14, 22, 31, 7, 1], [0, 6, 12, 30, 1]]
+    found = {}
+    for forcing in ("batch", "groups"):
+        llm = TrlLLM(FakeLLM(block_size=4, forcing=True, batch_dependent=True))
+
+        def sample_and_score(inputs):  # TRL's colocated sampling of a step: one call, 3 generations a prompt
+            rows = [prompts[i % 2] for i in range(len(inputs))]
+            params = [FakeSP(temperature=1.0, max_tokens=10, logprobs=1, seed=s, ignore_eos=True)
+                      for s in range(len(rows))]
+            outs = llm.generate([{"prompt_token_ids": p} for p in rows], params)
+            width, length = max(map(len, rows)), max(len(o.outputs[0].token_ids) for o in outs)
+            pad = lambda seq, n, left: ([0] * (n - len(seq)) + seq) if left else (seq + [0] * (n - len(seq)))  # noqa: E731
+            return {"prompt_ids": torch.tensor([pad(p, width, True) for p in rows]),
+                    "prompt_mask": torch.tensor([pad([1] * len(p), width, True) for p in rows]),
+                    "completion_ids": torch.tensor([pad(list(o.outputs[0].token_ids), length, False) for o in outs]),
+                    "completion_mask": torch.tensor([pad([1] * len(o.outputs[0].token_ids), length, False)
+                                                     for o in outs])}
+
+        def correct(prompts, completions, answer, **kwargs):  # the trainer's reward, credit's grader
+            return [float(a[:1] in c) for c, a in zip(completions, answer)]
+
+        trainer = SimpleNamespace(
+            state=SimpleNamespace(global_step=0), model=SimpleNamespace(training=True),
+            _metrics={"train": defaultdict(list)}, _generate_and_score_completions=sample_and_score,
+            add_callback=lambda callback: None, use_vllm=True, reward_funcs=[correct],
+            engine_queue=queue.SimpleQueue(),  # as vLLM's engine holds: the reward holds the trainer, not a copy
+            args=SimpleNamespace(temperature=1.0, output_dir=str(tmp_path / forcing)),
+            accelerator=SimpleNamespace(process_index=0),
+            vllm_generation=SimpleNamespace(llm=llm, enable_sleep_mode=False, tensor_parallel_size=1))
+        callback = CreditCallback(every=1, budget_share=None, strict=True, k=1, max_cont_tokens=4, margin=9.0,
+                                  max_pivots_per_rollout=1, forcing=forcing)
+        callback.attach(trainer)
+        rows = [{"prompt": f"question {i % 2}", "answer": "7"} for i in range(6)]
+        trainer._generate_and_score_completions(rows)
+        assert llm.runner.sampler.logprobs_mode == "processed_logprobs" and "forward" not in vars(llm.runner.sampler)
+        logged = trainer._metrics["train"]
+        assert logged["credit/skipped"] == [0.0] and logged["credit/rollouts"] == [6.0]
+        pivots = [json.loads(line) for line in (tmp_path / forcing / "credit" / "pivots.jsonl").read_text().splitlines()]
+        assert pivots and all(p["verified_resume"] for p in pivots)
+        found[forcing] = {p["certificate"] for p in pivots}
+    assert found["batch"] == {"bit-exact"} and "differs" in found["groups"]

@@ -134,7 +134,7 @@ class SamplerTap:
     def by_request(self) -> dict[str, tuple[list[int], list[float]]]:
         found: dict = {}
         for ids, tokens, logprobs in self.calls:
-            for req, token, lp in zip(ids, tokens.tolist(), logprobs.float().tolist()):
+            for req, token, lp in zip(ids, tokens.tolist(), logprobs.tolist()):  # float32's values, exactly
                 got = found.setdefault(req, ([], []))
                 got[0].append(token)
                 got[1].append(lp)
@@ -149,14 +149,14 @@ class SamplerTap:
         rows, width = completion_ids.shape
         if len(numbered) != rows or any(n is None for n, _ in numbered):
             return None
-        values = torch.zeros(rows, width, dtype=torch.float32)
+        values = torch.zeros(rows, width, dtype=torch.float64)  # holds any float32 exactly
         for i, (_, req) in enumerate(numbered):
             tokens, logprobs = found[req]
             want = completion_ids[i][completion_mask[i].bool()].tolist()
             at = aligned(tokens, want)
             if at is None:
                 return None
-            values[i, :len(want)] = torch.tensor(logprobs[at:at + len(want)])
+            values[i, :len(want)] = torch.tensor(logprobs[at:at + len(want)], dtype=torch.float64)
         return values
 
 
