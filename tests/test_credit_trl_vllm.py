@@ -84,6 +84,9 @@ def test_the_tap_keeps_each_sampled_token_s_raw_logprob_by_request_and_matches_t
     other[1, 0] = (other[1, 0] + 1) % 7
     assert tap.per_token(other, mask) is None
     assert tap.per_token(completion_ids[:1], mask[:1]) is None  # another number of requests than rollouts
+    for ids, _, _ in tap.calls:  # a request not numbered as LLM.generate numbers them: nothing to match by
+        ids[:] = ["request-of-another-kind" if r.startswith("1-") else r for r in ids]
+    assert tap.per_token(completion_ids, mask) is None
 
 
 def test_a_completion_is_found_after_the_rows_vllm_discards():

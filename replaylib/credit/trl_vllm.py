@@ -145,10 +145,11 @@ class SamplerTap:
         LLM.generate's order; None when what was recorded is not one generate call of these rollouts (then no
         certificate: 'not recorded')."""
         found = self.by_request()
-        numbered = sorted((request_number(r), r) for r in found)
+        numbered = [(request_number(r), r) for r in found]
         rows, width = completion_ids.shape
         if len(numbered) != rows or any(n is None for n, _ in numbered):
             return None
+        numbered.sort()
         values = torch.zeros(rows, width, dtype=torch.float64)  # holds any float32 exactly
         for i, (_, req) in enumerate(numbered):
             tokens, logprobs = found[req]
