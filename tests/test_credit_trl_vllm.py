@@ -218,8 +218,6 @@ class TrlLLM:
         self.llm_engine.log_stats = True
         sampler = FakeSampler()
         sampler.compute_logprobs = lambda logits: logits.clone()  # the stand-in's logprobs are the logits here
-        sampler.forward = None
-        del sampler.forward
         self.runner = SimpleNamespace(sampler=sampler, input_batch=SimpleNamespace(req_ids=[]))
         self.llm_engine.model_executor = SimpleNamespace(driver_worker=SimpleNamespace(model_runner=self.runner))
 

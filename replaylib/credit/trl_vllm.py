@@ -38,12 +38,15 @@ def vllm_for_credit():
     if built is None:
         raise BadInput("vllm_for_credit: vLLM is not installed (TRL has no LLM to build); pip install vllm==0.22.1")
 
+    from ..measure.vllm_given import llm_settings
+    # what llm_settings() asks, but TRL's logprobs_mode (raw_logprobs switches it while credit runs)
+    wanted = {k: v for k, v in llm_settings().items() if k not in ("logprobs_mode", "logits_processors")}
+
     def LLM(*args, **kwargs):  # noqa: N802 - stands where TRL calls vllm.LLM
         processors = list(kwargs.get("logits_processors") or [])
         if FORCING_PROCESSOR not in processors:
             processors.append(FORCING_PROCESSOR)
-        return built(*args, **{**kwargs, "logits_processors": processors, "enable_prefix_caching": True,
-                               "disable_log_stats": False})
+        return built(*args, **{**kwargs, "logits_processors": processors, **wanted})
 
     module.LLM = LLM
     try:
@@ -66,7 +69,7 @@ def colocated_llm(trainer):
     if getattr(generation, "tensor_parallel_size", 1) != 1:
         return None, "TRL's vLLM is split over GPUs (vllm_tensor_parallel_size > 1)"
     from ..measure.vllm_given import missing_settings
-    missing = [m for m in missing_settings(llm) if not m.startswith("logprobs_mode")]
+    missing = missing_settings(llm, raw_switched=True)
     if missing:
         return None, (f"TRL's LLM was built without {', '.join(missing)}: build the trainer inside `with "
                       f"replaylib.credit.trl_vllm.vllm_for_credit():`")

@@ -130,16 +130,13 @@ def certificate(top: list | None, logprobs: list | None, trunk) -> dict:
                 if shared:
                     used = max(used, _position_used([recorded[t] - at[t] for t in shared], seen[i]["lse"],
                                                     [at[t] for t in shared], seen[i]["vocab"]))
-        if logprobs is not None and seen is None:  # vLLM's own logprob of the token: equal, or no bound says more
-            diff = abs(float(logprobs[i]) - own[i])
+        if logprobs is not None:  # without logits (vLLM), its own logprob of the token: equal, or no bound says more
+            diff = abs(float(logprobs[i]) - (own[i] if seen is None else seen[i]["token_float32"]))
             exact &= diff == 0.0
             worst = max([worst, diff], key=lambda d: (math.isnan(d), d))
-        elif logprobs is not None:
-            diff = abs(float(logprobs[i]) - seen[i]["token_float32"])
-            exact &= diff == 0.0
-            worst = max([worst, diff], key=lambda d: (math.isnan(d), d))
-            used = max(used, _position_used([float(logprobs[i]) - seen[i]["token_exact"]], seen[i]["lse_t"],
-                                            [seen[i]["token_exact"]], seen[i]["vocab"]))
+            if seen is not None:
+                used = max(used, _position_used([float(logprobs[i]) - seen[i]["token_exact"]], seen[i]["lse_t"],
+                                                [seen[i]["token_exact"]], seen[i]["vocab"]))
     if math.isnan(worst):
         used = math.inf
     if exact and same_ids:

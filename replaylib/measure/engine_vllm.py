@@ -359,9 +359,7 @@ class VLLMEngine:
         prompt = ints(prompt_ids)
         trunks, preempted = self._forced_requests(0, [prompt] * len(responses), [ints(r) for r in responses],
                                                   top_logprobs)
-        saved = {t.rollout: {"seed": 0, "prompt_ids": prompt, "gen_ids": t.gen_ids, "topk_ids": t.topk_ids,
-                             "topk_logprobs": t.topk_logprobs} for t in trunks}
-        state = ResidentTrunks(0, prompt, saved, forced=top_logprobs)
+        state = ResidentTrunks.of_forced(prompt, trunks, top_logprobs)
         self._record(state, trunks, preempted)
         return trunks, state
 

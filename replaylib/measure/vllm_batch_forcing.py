@@ -40,10 +40,7 @@ def group_state(engine, group: GroupOfBatch, trunks: list, preempted, epoch: int
     `epoch`): its rows' trunks saved as forced; resident while no reset came since, else forced again (whole)
     when an exact pass needs them."""
     mine = group.mine(trunks)
-    prompt = mine[0].prompt_ids
-    saved = {t.rollout: {"seed": 0, "prompt_ids": prompt, "gen_ids": t.gen_ids, "topk_ids": t.topk_ids,
-                         "topk_logprobs": t.topk_logprobs} for t in mine}
-    state = ResidentTrunks(0, prompt, saved, forced=group.top_logprobs, batch=group)
+    state = ResidentTrunks.of_forced(mine[0].prompt_ids, mine, group.top_logprobs, batch=group)
     engine._record(state, mine, preempted)
     state.epoch = epoch  # a reset since the forcing leaves the blocks to be forced again
     return state

@@ -19,8 +19,9 @@ def llm_settings() -> dict:
             "disable_log_stats": False}
 
 
-def missing_settings(llm) -> list[str]:
-    """The settings of llm_settings() the LLM was built without, as name=value."""
+def missing_settings(llm, raw_switched: bool = False) -> list[str]:
+    """The settings of llm_settings() the LLM was built without, as name=value (raw_switched: not logprobs_mode,
+    which its caller switches while the engine runs: replaylib.credit.trl_vllm.raw_logprobs)."""
     model_config = llm.llm_engine.model_config
     processors = [p if isinstance(p, str) else f"{p.__module__}:{p.__qualname__}"
                   for p in getattr(model_config, "logits_processors", None) or []]
@@ -29,14 +30,15 @@ def missing_settings(llm) -> list[str]:
              "logprobs_mode": str(getattr(model_config, "logprobs_mode", "")).endswith(LOGPROBS_MODE),
              "disable_log_stats": bool(getattr(llm.llm_engine, "log_stats", False))}
     wanted = llm_settings()
-    return [f"{name}={wanted[name]!r}" for name, ok in found.items() if not ok]
+    return [f"{name}={wanted[name]!r}" for name, ok in found.items()
+            if not ok and not (raw_switched and name == "logprobs_mode")]
 
 
 def engine_around(llm, invariant: bool = False, config: str = "credit", raw_switched: bool = False) -> VLLMEngine:
     """The engine over a caller's LLM; one built without llm_settings() is refused in one line. raw_switched: its
     caller switches the sampler to raw logprobs while the engine runs (replaylib.credit.trl_vllm.raw_logprobs),
     so the LLM's own logprobs_mode does not matter."""
-    missing = [m for m in missing_settings(llm) if not (raw_switched and m.startswith("logprobs_mode"))]
+    missing = missing_settings(llm, raw_switched)
     if missing:
         raise EngineUnavailable(f"the vllm.LLM given was built without {', '.join(missing)}: build it with "
                                 f"LLM(model, ..., **replaylib.credit.llm_settings()) so that responses can be "

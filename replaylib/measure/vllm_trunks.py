@@ -60,3 +60,10 @@ class ResidentTrunks:
     established: int = 0  # regenerations so far
     forced: int = 0  # forced decoding (VLLMEngine.force_trunks): the top-k width it records; 0: sampled trunks
     batch: object = None  # its rows of a batch forced whole (vllm_batch_forcing.GroupOfBatch), else None
+
+    @classmethod
+    def of_forced(cls, prompt: list, trunks: list, top_logprobs: int, batch=None) -> "ResidentTrunks":
+        """One prompt's forced trunks (VLLMEngine.force_trunks, or its rows of a batch), saved as forced."""
+        saved = {t.rollout: {"seed": 0, "prompt_ids": prompt, "gen_ids": t.gen_ids, "topk_ids": t.topk_ids,
+                             "topk_logprobs": t.topk_logprobs} for t in trunks}
+        return cls(0, prompt, saved, forced=top_logprobs, batch=batch)
