@@ -1,7 +1,8 @@
 """Counterfactual credit on a real GRPO run: TRL's GRPOTrainer training the embedded model (Qwen2.5-Coder-0.5B-
-Instruct) on GSM8K word problems with vLLM colocated on one GPU, and replaylib's CreditCallback forcing each
-measured step's rollouts through that same vLLM engine (no second copy of the policy), within its default budget
-of a tenth of the training's time.
+Instruct) on GSM8K word problems with vLLM colocated on one GPU, and replaylib's CreditCallback measuring each
+step's rollouts on that same vLLM engine (no second copy of the policy): the first group resumes the blocks TRL's
+decode left in the prefix cache, the others force the batch as TRL sampled it; within its default budget of a
+tenth of the training's time.
 
     python examples/trl_grpo_vllm_credit.py --out runs/grpo-credit            # one CUDA GPU, vLLM 0.22.1
     python examples/trl_grpo_vllm_credit.py --no-vllm --model tiny:0 --steps 1 --out /tmp/g   # the plumbing, CPU

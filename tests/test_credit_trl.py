@@ -58,6 +58,13 @@ def test_under_forcing_batch_each_group_is_priced_with_its_whole_batch_forced():
     assert cost(groups_of(rows)) == pytest.approx(2 * (0.5 + 0.01 * 200))  # forced again for the second group
     alone = [SimpleNamespace(prompt_ids=[1, 0], response_ids=[5] * 4, positions=None, batch=None)]
     assert cost(groups_of(alone)) == pytest.approx(0.5 + 0.01 * 4)
+    # the blocks its sampler wrote still cached (with its top-k recorded): the first group is not forced
+    batch.resident = lambda: None
+    for r in rows:
+        r.top_logprobs, r.logprobs = [[[5, -0.1], [6, -2.0]]] * len(r.response_ids), [-0.1] * len(r.response_ids)
+    assert cost(groups_of(rows[:1])) == 0.0 and cost(groups_of(rows)) == pytest.approx(0.5 + 0.01 * 200)
+    batch.resident = lambda: "the prefix cache was reset since the sampling"
+    assert cost(groups_of(rows[:1])) == pytest.approx(0.5 + 0.01 * 200)
 
 
 class FakeTrainer(SimpleNamespace):

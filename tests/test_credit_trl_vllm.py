@@ -6,6 +6,7 @@ batch) as TRL's engine: certified bit-exact forced as sampled, differing forced 
 import json
 import logging
 from collections import defaultdict
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -79,12 +80,16 @@ def test_the_tap_keeps_each_sampled_token_s_raw_logprob_by_request_and_matches_t
     assert found[0].tolist() == [raw[0][0, tokens[0][0]].item(), raw[1][0, tokens[1][0]].item(),
                                  raw[2][0, tokens[2][0]].item()]  # the raw logprob, not the processed one
     assert found[1].tolist() == [raw[1][1, tokens[1][1]].item(), raw[2][1, tokens[2][1]].item(), 0.0]
+    top = tap.top_k(completion_ids, mask)  # the raw top-k of each position, best first: the pivots' margins
+    best = raw[1][1].topk(5)
+    assert top[1][0] == [[t, v] for t, v in zip(best.indices.tolist(), best.values.tolist())]
+    assert [len(row) for row in top] == [3, 2] and all(len(step) == 5 for row in top for step in row)
     # a rollout whose tokens were not sampled by the recorded requests: nothing to certify with
     other = completion_ids.clone()
     other[1, 0] = (other[1, 0] + 1) % 7
     assert tap.per_token(other, mask) is None
     assert tap.per_token(completion_ids[:1], mask[:1]) is None  # another number of requests than rollouts
-    for ids, _, _ in tap.calls:  # a request not numbered as LLM.generate numbers them: nothing to match by
+    for ids, *_ in tap.calls:  # a request not numbered as LLM.generate numbers them: nothing to match by
         ids[:] = ["request-of-another-kind" if r.startswith("1-") else r for r in ids]
     assert tap.per_token(completion_ids, mask) is None
 
@@ -105,7 +110,7 @@ def test_the_sampler_returns_raw_logprobs_while_credit_runs_and_trl_s_mode_after
 
 def trl_llm(processors=(FORCING_PROCESSOR,), log_stats=True):
     model_config = SimpleNamespace(logits_processors=list(processors), logprobs_mode="processed_logprobs", model="m")
-    return SimpleNamespace(llm_engine=SimpleNamespace(
+    return SimpleNamespace(reset_prefix_cache=lambda: True, get_metrics=lambda: [], llm_engine=SimpleNamespace(
         model_config=model_config, log_stats=log_stats,
         vllm_config=SimpleNamespace(cache_config=SimpleNamespace(enable_prefix_caching=True)),
         model_executor=SimpleNamespace(driver_worker=SimpleNamespace(model_runner=SimpleNamespace(
@@ -200,6 +205,20 @@ def test_a_batch_vllm_sampled_in_one_call_is_bit_exact_forced_whole_where_forcin
     assert certificates["batch"] == {"bit-exact"} and "differs" in certificates["groups"]
 
 
+class StandinSampler(FakeSampler):
+    """The sampler of TRL's engine on the stand-in: its logprobs are the logits it is given (the stand-in's top
+    entries, the rest -1e9), and it samples what the stand-in sampled at this step (``sampled``)."""
+
+    sampled = None
+
+    @staticmethod
+    def compute_logprobs(logits):
+        return logits.clone()
+
+    def forward(self, logits, sampling_metadata):
+        return SimpleNamespace(sampled_token_ids=torch.tensor(self.sampled)[:, None])
+
+
 class TrlLLM:
     """TRL's colocated LLM as the callback meets it, on the stand-in: vLLM's request numbering, its model runner in
     the process, and a sampler called at every decode step with the requests of that step (whose raw logprobs
@@ -216,8 +235,7 @@ class TrlLLM:
         self.llm_engine.model_config.dtype = "bfloat16"
         self.llm_engine.vllm_config.cache_config.enable_prefix_caching = True
         self.llm_engine.log_stats = True
-        sampler = FakeSampler()
-        sampler.compute_logprobs = lambda logits: logits.clone()  # the stand-in's logprobs are the logits here
+        sampler = StandinSampler()
         self.runner = SimpleNamespace(sampler=sampler, input_batch=SimpleNamespace(req_ids=[]))
         self.llm_engine.model_executor = SimpleNamespace(driver_worker=SimpleNamespace(model_runner=self.runner))
 
@@ -225,6 +243,9 @@ class TrlLLM:
         return getattr(self.llm, name)
 
     def generate(self, prompts, sampling_params, use_tqdm=True):
+        from vllm_standin import VOCAB
+        for sp in sampling_params:  # the stand-in's whole top (6 entries): the logits the sampler is given
+            sp.logprobs = 6
         outs = self.llm.generate(prompts, sampling_params, use_tqdm)
         ids = [f"{self.counter + i}-ab12cd34" for i in range(len(outs))]
         self.counter += len(outs)
@@ -232,64 +253,136 @@ class TrlLLM:
         for step in range(steps):  # the sampler, once a step, over the requests still decoding
             live = [i for i, o in enumerate(outs) if step < len(o.outputs[0].token_ids)]
             self.runner.input_batch.req_ids = [ids[i] for i in live]
-            logits = torch.full((len(live), 64), -1e9, dtype=torch.float64)
+            self.runner.sampler.sampled = [outs[i].outputs[0].token_ids[step] for i in live]
+            logits = torch.full((len(live), VOCAB), -1e9, dtype=torch.float64)
             for row, i in enumerate(live):
-                comp = outs[i].outputs[0]
-                token = comp.token_ids[step]
-                logits[row, token] = comp.logprobs[step][token].logprob if comp.logprobs else 0.0
+                for token, entry in outs[i].outputs[0].logprobs[step].items():
+                    logits[row, token] = entry.logprob
             self.runner.sampler(logits=logits, sampling_metadata=None)
         return outs
 
 
-def test_a_grpo_step_sampled_by_trl_s_vllm_engine_is_certified_bit_exact_through_that_engine(tmp_path, monkeypatch):
-    """The whole path on the stand-in (numbers that depend on the batch): the callback records what TRL's engine
-    sampled, forces the step's batch through that same engine as it sampled it, and certifies every rollout
-    bit-exact; its metrics and pivots land where the trainer's do. Forced a group at a time, they differ."""
+PROMPTS = [[0, 5, 9, 14, 22, 31, 7, 1], [0, 6, 12, 30, 1]]
+
+
+def grpo_trainer(out_dir, llm):
+    """A GRPO trainer as the callback meets it, sampling with the stand-in as TRL's colocated engine: each step
+    loads its weights into the engine (TRL then resets the prefix cache) and samples in one call, 3 generations a
+    prompt; its reward holds an uncopyable queue, as vLLM's engine does."""
     import queue
+
+    from vllm_standin import FakeSP
+
+    def sample_and_score(inputs):
+        if trainer.state.global_step:  # TRL's weight sync before a later step's sampling
+            llm.reset_prefix_cache()
+        rows = [PROMPTS[i % 2] for i in range(len(inputs))]
+        params = [FakeSP(temperature=1.0, max_tokens=10, logprobs=1, seed=s + 100 * trainer.state.global_step,
+                         ignore_eos=True) for s in range(len(rows))]
+        outs = llm.generate([{"prompt_token_ids": p} for p in rows], params)
+        width, length = max(map(len, rows)), max(len(o.outputs[0].token_ids) for o in outs)
+        pad = lambda seq, n, left: ([0] * (n - len(seq)) + seq) if left else (seq + [0] * (n - len(seq)))  # noqa: E731
+        return {"prompt_ids": torch.tensor([pad(p, width, True) for p in rows]),
+                "prompt_mask": torch.tensor([pad([1] * len(p), width, True) for p in rows]),
+                "completion_ids": torch.tensor([pad(list(o.outputs[0].token_ids), length, False) for o in outs]),
+                "completion_mask": torch.tensor([pad([1] * len(o.outputs[0].token_ids), length, False)
+                                                 for o in outs])}
+
+    def correct(prompts, completions, answer, **kwargs):  # the trainer's reward, credit's grader
+        return [float(a[:1] in c) for c, a in zip(completions, answer)]
+
+    trainer = SimpleNamespace(
+        state=SimpleNamespace(global_step=0), model=SimpleNamespace(training=True),
+        _metrics={"train": defaultdict(list)}, _generate_and_score_completions=sample_and_score,
+        add_callback=lambda callback: None, use_vllm=True, reward_funcs=[correct],
+        engine_queue=queue.SimpleQueue(),  # as vLLM's engine holds: the reward holds the trainer, not a copy
+        args=SimpleNamespace(temperature=1.0, output_dir=str(out_dir)),
+        accelerator=SimpleNamespace(process_index=0),
+        vllm_generation=SimpleNamespace(llm=llm, enable_sleep_mode=False, tensor_parallel_size=1))
+    return trainer
+
+
+def grpo_steps(trainer, steps: int) -> list[dict]:
+    rows = [{"prompt": f"question {i % 2}", "answer": "7"} for i in range(6)]
+    for _ in range(steps):
+        trainer._generate_and_score_completions(rows)
+        trainer.state.global_step += 1
+    path = Path(trainer.args.output_dir) / "credit" / "pivots.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture
+def standin_vllm(monkeypatch):
     import sys
 
     import trl.data_utils  # noqa: F401 - imported before vLLM's stand-in module (TRL asks whether vLLM is installed)
-    from vllm_standin import FakeLLM, FakeSP
+    from vllm_standin import FakeSP
     monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(SamplingParams=FakeSP, __version__="standin"))
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    prompts = [[0, 5, 9, 14, 22, 31, 7, 1], [0, 6, 12, 30, 1]]
+
+
+def test_a_grpo_step_sampled_by_trl_s_vllm_engine_is_certified_bit_exact_through_that_engine(tmp_path, standin_vllm):
+    """The whole path on the stand-in (numbers that depend on the batch): the callback records what TRL's engine
+    sampled, forces the step's batch through that same engine as it sampled it, and certifies every rollout
+    bit-exact; its metrics and pivots land where the trainer's do. Forced a group at a time, they differ."""
+    from vllm_standin import FakeLLM
     found = {}
     for forcing in ("batch", "groups"):
         llm = TrlLLM(FakeLLM(block_size=4, forcing=True, batch_dependent=True))
-
-        def sample_and_score(inputs):  # TRL's colocated sampling of a step: one call, 3 generations a prompt
-            rows = [prompts[i % 2] for i in range(len(inputs))]
-            params = [FakeSP(temperature=1.0, max_tokens=10, logprobs=1, seed=s, ignore_eos=True)
-                      for s in range(len(rows))]
-            outs = llm.generate([{"prompt_token_ids": p} for p in rows], params)
-            width, length = max(map(len, rows)), max(len(o.outputs[0].token_ids) for o in outs)
-            pad = lambda seq, n, left: ([0] * (n - len(seq)) + seq) if left else (seq + [0] * (n - len(seq)))  # noqa: E731
-            return {"prompt_ids": torch.tensor([pad(p, width, True) for p in rows]),
-                    "prompt_mask": torch.tensor([pad([1] * len(p), width, True) for p in rows]),
-                    "completion_ids": torch.tensor([pad(list(o.outputs[0].token_ids), length, False) for o in outs]),
-                    "completion_mask": torch.tensor([pad([1] * len(o.outputs[0].token_ids), length, False)
-                                                     for o in outs])}
-
-        def correct(prompts, completions, answer, **kwargs):  # the trainer's reward, credit's grader
-            return [float(a[:1] in c) for c, a in zip(completions, answer)]
-
-        trainer = SimpleNamespace(
-            state=SimpleNamespace(global_step=0), model=SimpleNamespace(training=True),
-            _metrics={"train": defaultdict(list)}, _generate_and_score_completions=sample_and_score,
-            add_callback=lambda callback: None, use_vllm=True, reward_funcs=[correct],
-            engine_queue=queue.SimpleQueue(),  # as vLLM's engine holds: the reward holds the trainer, not a copy
-            args=SimpleNamespace(temperature=1.0, output_dir=str(tmp_path / forcing)),
-            accelerator=SimpleNamespace(process_index=0),
-            vllm_generation=SimpleNamespace(llm=llm, enable_sleep_mode=False, tensor_parallel_size=1))
+        trainer = grpo_trainer(tmp_path / forcing, llm)
         callback = CreditCallback(every=1, budget_share=None, strict=True, k=1, max_cont_tokens=4, margin=9.0,
                                   max_pivots_per_rollout=1, forcing=forcing)
         callback.attach(trainer)
-        rows = [{"prompt": f"question {i % 2}", "answer": "7"} for i in range(6)]
-        trainer._generate_and_score_completions(rows)
+        pivots = grpo_steps(trainer, 1)
         assert llm.runner.sampler.logprobs_mode == "processed_logprobs" and "forward" not in vars(llm.runner.sampler)
         logged = trainer._metrics["train"]
         assert logged["credit/skipped"] == [0.0] and logged["credit/rollouts"] == [6.0]
-        pivots = [json.loads(line) for line in (tmp_path / forcing / "credit" / "pivots.jsonl").read_text().splitlines()]
         assert pivots and all(p["verified_resume"] for p in pivots)
         found[forcing] = {p["certificate"] for p in pivots}
     assert found["batch"] == {"bit-exact"} and "differs" in found["groups"]
+
+
+def forced_calls(llm) -> int:
+    from replaylib.measure.vllm_forcing import FORCE_KEY
+    return sum(1 for _, params in llm.llm.calls if (params[0].extra_args or {}).get(FORCE_KEY))
+
+
+@pytest.mark.parametrize("case", ["resident", "preempted", "evicted"])
+def test_a_later_step_resumes_the_blocks_trl_s_sampling_left_in_the_prefix_cache_without_forcing(
+        tmp_path, standin_vllm, case):
+    """Step 1's calibration resets the prefix cache, so its batch is forced. From step 2 on, the first group's exact
+    passes resume the blocks TRL's own decode wrote (certificate "sampler's blocks", every resume a cache hit); once
+    re-feed's pass resets the cache, the next group forces the batch as sampled and is certified bit-exact against
+    what the tap recorded. A preemption while TRL sampled leaves the batch forced; blocks evicted after it are
+    caught by the resumes' cache check."""
+    from vllm_standin import FakeLLM
+    llm = TrlLLM(FakeLLM(block_size=4, forcing=True, batch_dependent=True))
+    trainer = grpo_trainer(tmp_path, llm)
+    CreditCallback(every=1, budget_share=None, strict=True, k=1, max_cont_tokens=4, margin=9.0,
+                   max_pivots_per_rollout=1).attach(trainer)
+    first = grpo_steps(trainer, 1)
+    assert {p["certificate"] for p in first} == {"bit-exact"} and all(p["verified_resume"] for p in first)
+    forced_before = forced_calls(llm)
+    generate = llm.generate
+
+    def sampling_step_2(*args, **kwargs):  # TRL's sampling of step 2 (the engine's next call)
+        del llm.generate
+        llm.llm.preempt_per_call = int(case == "preempted")
+        outs = generate(*args, **kwargs)
+        llm.llm.preempt_per_call = 0
+        if case == "evicted":  # the blocks gone without a reset (evicted from a full pool)
+            llm.llm.cached.clear()
+        return outs
+
+    llm.generate = sampling_step_2
+    later = [p for p in grpo_steps(trainer, 1) if p["step"] == 2]
+    certificates = [p["certificate"] for p in later]
+    if case != "resident":  # the batch forced as sampled, the blocks TRL's decode wrote not trusted
+        assert set(certificates) == {"bit-exact"} and all(p["verified_resume"] for p in later)
+        return
+    on_sampled = [p for p in later if p["certificate"] == "sampler's blocks"]
+    assert on_sampled and {p["prompt"] for p in on_sampled} != {p["prompt"] for p in later}
+    assert {p["certificate"] for p in later if p not in on_sampled} == {"bit-exact"}
+    # re-feed's pass reset the cache: the next group forced the batch again
+    assert forced_calls(llm) > forced_before
+    assert all(p["verified_resume"] and p["verified_replica"] for p in later)

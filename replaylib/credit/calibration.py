@@ -11,7 +11,7 @@ import time
 
 from ..measure.engine import ARMS, PassSettings, PivotJob
 from .diagnostics import planned_pivots
-from .kernel import groups_of
+from .kernel import groups_of, sampler_blocks_resident
 
 FORCED_STEPS = (4, 16)  # tokens of each response forced, the two calls
 DECODE_STEPS = (2, 8)  # continuation tokens of the two passes
@@ -74,10 +74,13 @@ def forced_length(group: list) -> int:
 
 
 def estimate(groups: list[list], todo: list[int], settings, measured: dict) -> tuple[float, float]:
-    """(seconds for the plan, seconds of passes a pivot): each group's forced decoding (forced_length), and each pass
-    over its pivots at the full continuation length, scaled from the calibration's pivots."""
+    """(seconds for the plan, seconds of passes a pivot): each group's forced decoding (forced_length; none for a
+    first group that resumes the blocks its sampler left cached), and each pass over its pivots at the full
+    continuation length, scaled from the calibration's pivots."""
     fixed, per_step = measured["forced"]
-    total = sum(fixed + per_step * forced_length(groups[i]) for i in todo)
+    batch = getattr(groups[0][0], "batch", None) if groups else None
+    unforced = batch is not None and sampler_blocks_resident(batch, groups[0], say=False)
+    total = sum(fixed + per_step * forced_length(groups[i]) for i in todo if not (i == 0 and unforced))
     if not measured["pass"]:
         return total, 0.0
     fixed, per_step = measured["pass"]

@@ -22,7 +22,7 @@ import pandas as pd
 from ..measure.credit import TOOL_PASSES
 from .calibration import Cost, calibrate
 from .inputs import BadInput
-from .kernel import groups_of
+from .kernel import SAMPLER_BLOCKS, groups_of
 from .tool import GivenEngine, Settings, compute_groups, context_of, describe, model_files, open_executor, \
     read_checked, results, vocab_of, warn
 
@@ -107,15 +107,24 @@ class Estimator:
         finally:
             self.live.train(training)
 
-    def __call__(self, batch, budget_s: float | None = None, first: int | None = None) -> pd.DataFrame:
+    def __call__(self, batch, budget_s: float | None = None, first: int | None = None,
+                 resident=None) -> pd.DataFrame:
         """This batch's credit: one row per pivot (the columns of credit.parquet); its summary in ``summary``.
         budget_s: the seconds this call may take; the rollouts are taken in order while their estimated cost
         fits (a calibration on the first call's first group, then what the groups measured took). first: at most
-        the batch's first this many rollouts (with forcing "batch" the whole batch is still forced, as sampled)."""
+        the batch's first this many rollouts (with forcing "batch" the whole batch is still forced, as sampled).
+        resident (forcing "batch" on a vLLM engine that sampled the batch in one call, its top-k and logprobs
+        recorded): a function returning None while the blocks that sampling wrote are in the engine's prefix cache
+        as it wrote them, else why not (trl_vllm.SampledBlocks.gone); the first group then resumes them unforced."""
         started = time.perf_counter()
         if first is not None and (isinstance(first, bool) or not isinstance(first, int) or first < 1):
             raise BadInput(f"Estimator: first {first!r}: give a number of rollouts, at least 1, or None for all")
+        if resident is not None and (self.settings.forcing != "batch" or not callable(resident)):
+            raise BadInput(f"Estimator: resident {resident!r}: give a function (None while the sampled blocks are "
+                           f"cached) with forcing 'batch', or leave it out")
         source, rollouts, inputs = read_checked(batch, self.settings, self.vocab, self.context)
+        if resident is not None and rollouts:
+            rollouts[0].batch.resident = resident
         if first is not None and first < len(rollouts):
             rollouts = rollouts[:first]
             inputs = {"groups": groups_of(rollouts), "path": source}
@@ -159,6 +168,7 @@ class Estimator:
         """The last batch's numbers as floats, for a trainer's logs: rollouts measured, pivots, common pivots,
         the replica floor and re-feed's share of sign changes (left out where no common pivot: a logger takes no
         None or NaN), certificates passed, failed and not recorded (rollouts without logprobs), pivots whose
+        passes resumed the sampler's own blocks unforced (on_sampler_blocks), pivots whose
         resume was not verified, passes agreeing, the seconds estimated and taken, and the budget if one was
         given."""
         s = self.summary
@@ -166,7 +176,8 @@ class Estimator:
         found = {"rollouts": s.get("rollouts", 0), "pivots": s.get("pivots", 0),
                  "common_pivots": s.get("common_pivots", 0), "floor": s.get("floor"), "refeed": s.get("refeed"),
                  "certified": sum(certs.get(c, 0) for c in CERTIFIED), "certificates_differ": certs.get("differs", 0),
-                 "certificates_not_recorded": certs.get("not recorded", 0), "not_verified": s.get("not_verified", 0),
+                 "certificates_not_recorded": certs.get("not recorded", 0),
+                 "on_sampler_blocks": certs.get(SAMPLER_BLOCKS, 0), "not_verified": s.get("not_verified", 0),
                  "passes_agree": s.get("passes_agree", 0), "estimated_s": s.get("estimated_s"),
                  "seconds": s.get("seconds", 0.0), "budget_s": s.get("budget_s")}
         if not set(TOOL_PASSES) <= set(self.settings.passes):

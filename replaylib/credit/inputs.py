@@ -49,6 +49,9 @@ class SampledBatch:
     responses: list
     width: int
     digest: str
+    # Estimator's resident=: a callable saying None while the blocks the sampler wrote are in the engine's prefix
+    # cache as it wrote them, else why not; without one the batch is forced
+    resident: object = None
 
 
 @dataclass

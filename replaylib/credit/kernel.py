@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import logging
 import time
 import weakref
 
@@ -21,7 +22,8 @@ from . import graders
 from .inputs import BadInput
 
 TOP_K = 5  # top-k the forced decode records per step (margins and alternatives when none are recorded)
-ROOTS = (("replaylib.credit.kernel", "KERNEL"),)  # what a group's record holds without running it
+ROOTS = (("replaylib.credit.kernel", "KERNEL"),)
+log = logging.getLogger("replaylib")  # what a group's record holds without running it
 
 
 def prompt_digest(prompt_ids: list[int]) -> str:
@@ -67,9 +69,21 @@ def batch_rows(engine, group: list, width: int, observe: dict):
         from ..measure import vllm_batch_forcing as forcing
         if FORCED.get(batch, (None,))[0] != key:
             FORCED.clear()
-            FORCED[batch] = (key, *forcing.force_batch(engine, batch.prompts, batch.responses, width), engine.epoch)
+            if sampler_blocks_resident(batch, group):  # its first group resumes them, nothing forced
+                FORCED[batch] = (key, None, 0, engine.epoch)
+            else:
+                FORCED[batch] = (key, *forcing.force_batch(engine, batch.prompts, batch.responses, width),
+                                 engine.epoch)
         _, trunks, preempted, epoch = FORCED[batch]
         group_of_batch = forcing.GroupOfBatch(batch.prompts, batch.responses, rows, width)
+        if trunks is None:
+            sampled = [as_sampled(r, i) for i, r in enumerate(group)]
+            state = forcing.sampled_state(engine, group_of_batch, sampled, epoch)
+            if state is not None:
+                return sampled, state
+            log.info("credit: the batch is forced as sampled (some of the blocks its sampling wrote were evicted)")
+            FORCED[batch] = (key, *forcing.force_batch(engine, batch.prompts, batch.responses, width), engine.epoch)
+            _, trunks, preempted, epoch = FORCED[batch]
         return [trunks[b] for b in rows], forcing.group_state(engine, group_of_batch, trunks, preempted, epoch)
     from ..measure.hf_batch_forcing import force_batch
     if FORCED.get(batch, (None,))[0] != key:
@@ -78,6 +92,41 @@ def batch_rows(engine, group: list, width: int, observe: dict):
     _, trunks, state = FORCED[batch]
     return [trunks[b] for b in rows], ResidentState({i: state[b] for i, b in enumerate(rows)},
                                                     {i: state.expected[b] for i, b in enumerate(rows)})
+
+
+def sampler_blocks_resident(batch, group: list, say: bool = True) -> bool:
+    """Whether the blocks the sampler wrote while decoding this batch are in the engine's prefix cache as it wrote
+    them (the caller's ``resident``: None while they are, else why not), with the top-k it recorded of every step
+    (the pivots' margins, and what forcing them again is compared with)."""
+    check = getattr(batch, "resident", None)
+    if check is None or any(r.top_logprobs is None or r.logprobs is None for r in group):
+        return False
+    why = check()
+    if why is not None and say:
+        log.info("credit: the batch is forced as sampled (%s)", why)
+    return why is None
+
+
+def as_sampled(rollout, i: int):
+    """A rollout as its sampler decoded it, the group's i-th trunk: what it recorded of each step."""
+    from ..measure.engine import Trunk
+    top = rollout.top_logprobs
+    return Trunk(0, i, 0, list(rollout.prompt_ids), list(rollout.response_ids), [[int(t) for t, _ in s] for s in top],
+                 [[float(lp) for _, lp in s] for s in top], "length", token_logprobs=list(rollout.logprobs))
+
+
+SAMPLER_BLOCKS = "sampler's blocks"  # the certificate of a rollout never forced: its passes resumed what it sampled
+
+
+def group_certificate(rollout, i: int, trunk, state) -> dict:
+    """A rollout's certificate: its recorded decode against its forced one; a group on the sampler's own blocks
+    is compared with the batch's forcing since (a pass reset the cache), if there was one."""
+    if getattr(state, "from_sampler", False):
+        forced = state.batch.last
+        if forced is None:
+            return {"certificate": SAMPLER_BLOCKS, "certificate_max_diff": None, "certificate_bound_used": None}
+        trunk = forced[i]
+    return certificate(rollout.top_logprobs, rollout.logprobs, trunk)  # the whole response: one per rollout
 
 
 def group_rows(engine, settings, group: list, path: str) -> dict:
@@ -117,8 +166,8 @@ def group_rows(engine, settings, group: list, path: str) -> dict:
                                settings.passes, settings.pass_settings(), state, grade_text, timing)
     timing["grader"] = dict(grade.stats)
     out = []
-    for r, trunk, found, rollout_rows in zip(group, trunks, pivots, rows):
-        cert = certificate(r.top_logprobs, r.logprobs, trunk)  # the whole response: one per rollout
+    for i, (r, trunk, found, rollout_rows) in enumerate(zip(group, trunks, pivots, rows)):
+        cert = group_certificate(r, i, trunk, state)
         for p, row in zip(found, rollout_rows):
             out.append({"id": str(r.id), "line": r.line, "prompt": prompt_digest(r.prompt_ids), **p,
                         "margin_source": "recorded" if r.top_logprobs else "forced", "k": settings.k, **row,

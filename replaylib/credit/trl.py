@@ -13,7 +13,9 @@ a step (``GRPOTrainer._generate_and_score_completions``, wrapped). The grader is
 function unless one is given, and it is called as the trainer calls it (``TrainerReward``). The rollouts are
 forced through the engine that sampled them: TRL's colocated vLLM engine when the trainer was built inside
 ``trl_vllm.vllm_for_credit()`` (its sampled tokens' raw logprobs recorded while it samples), else the policy in
-transformers, as generate batched them (their logprobs at the trainer's temperature recorded). Certificates
+transformers, as generate batched them (their logprobs at the trainer's temperature recorded). On TRL's engine,
+while the blocks its decode wrote are still in its prefix cache, the first group measured resumes them unforced
+(trl_vllm.SampledBlocks). Certificates
 compare with those, never with ``old_per_token_logps``, which a training forward recomputes (another
 computation than the decode's, so no evidence about the decode-time state).
 
@@ -41,7 +43,7 @@ from .estimator import Once
 from .inputs import ALIASES, BadInput
 from .running import Pooled
 from .tool import Settings
-from .trl_vllm import SamplerTap, colocated_llm, model_runner, raw_logprobs
+from .trl_vllm import SampledBlocks, SamplerTap, colocated_llm, model_runner, raw_logprobs
 
 SAMPLER_LOGPROBS = "sampling_per_token_logps"  # the sampler's own; not old_per_token_logps (a training forward's)
 TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
@@ -181,9 +183,11 @@ class CreditCallback(TrainerCallback):
         self.step_began = None  # when this step began
         self.own_s = 0.0  # the training's own seconds so far (credit's left out)
         self.sampled_logps = None  # this step's sampled tokens' logprobs, as the sampler computed them
+        self.sampled_top = None  # and their raw top-k, per rollout and position (TRL's vLLM engine)
         self.spent = 0.0  # credit's seconds in this step
         self.spent_total = 0.0  # credit's seconds so far
         self.llm, self.tap = None, None  # TRL's colocated vLLM engine, when credit forces through it
+        self.blocks = None  # whether the blocks its sampling wrote are still in its prefix cache
         self.verdict = None
 
     def attach(self, trainer) -> "CreditCallback":
@@ -207,7 +211,7 @@ class CreditCallback(TrainerCallback):
         trainer.add_callback(self)
         self.llm, why = colocated_llm(trainer)
         if self.llm is not None:
-            self.tap = SamplerTap(model_runner(self.llm))
+            self.tap, self.blocks = SamplerTap(model_runner(self.llm)), SampledBlocks(self.llm)
         elif getattr(trainer, "use_vllm", False):
             self.warn(f"CreditCallback: this trainer samples with vLLM, but credit cannot force through its engine "
                       f"({why}); it forces the rollouts through the policy in transformers instead, so each "
@@ -218,15 +222,23 @@ class CreditCallback(TrainerCallback):
         """While TRL samples a measured step: the sampler's logprobs of the sampled tokens recorded (vLLM's raw
         ones on TRL's engine; generate's at the trainer's temperature)."""
         if measuring and self.tap is not None:
-            return self.tap.recording()
+            return self.sampling()
         if measuring and self.generates():
             return SampledLogprobs(float(self.trainer.args.temperature)).around(
                 self.trainer.accelerator.unwrap_model(self.trainer.model))
         return contextlib.nullcontext()
 
+    @contextlib.contextmanager
+    def sampling(self):
+        """TRL's engine while it samples a measured step: its sampler tapped, its prefix cache watched."""
+        with self.blocks.sampling(), self.tap.recording() as tap:
+            yield tap
+
     def recorded(self, recorder, out: dict):
-        """The step's recorded logprobs as rows x positions, or None (certificates 'not recorded')."""
+        """The step's recorded logprobs as rows x positions, or None (certificates 'not recorded'); on TRL's
+        engine, their raw top-k too (sampled_top)."""
         if isinstance(recorder, SamplerTap):
+            self.sampled_top = recorder.top_k(out["completion_ids"], out["completion_mask"])
             found = recorder.per_token(out["completion_ids"], out["completion_mask"])
             if found is None:
                 self.warn("CreditCallback: the raw logprobs vLLM computed while sampling this step could not be "
@@ -331,13 +343,18 @@ class CreditCallback(TrainerCallback):
             logprobs = self.sampled_logps
         if logprobs is not None:  # the sampled tokens' logprobs, at the trainer's temperature (the estimator's)
             batch["logprobs"] = logprobs[:n]
+        if self.tap is not None and self.sampled_top is not None:  # the pivots' margins as the sampler saw them
+            batch["top_logprobs"] = self.sampled_top[:n]
         return batch
 
     def measure(self, out: dict, inputs: list[dict], step: int, budget_s: float | None) -> dict:
         """The credit metrics of one step (names without the prefix): the estimator's, and the pooled ones."""
         if self.estimator is None:
             self.start()
-        frame = self.estimator(self.batch(out, inputs, step), budget_s=budget_s, first=self.sample)
+        # on TRL's engine, the blocks its sampling wrote are resumed while they are still cached
+        resident = self.blocks.gone if self.tap is not None and self.estimator.settings.forcing == "batch" else None
+        frame = self.estimator(self.batch(out, inputs, step), budget_s=budget_s, first=self.sample,
+                               resident=resident)
         self.pooled.add(frame)
         self.write_pivots(frame, step)
         if self.pooled.verdict is not None and self.pooled.verdict.verdict != getattr(self.verdict, "verdict", None):

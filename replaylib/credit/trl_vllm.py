@@ -11,6 +11,12 @@ processors, so a forced token's would be 0. Two things keep the certificates raw
 compare them: while TRL samples a measured step, ``SamplerTap`` keeps each sampled token's raw logprob (the
 model's log softmax, before any processor or temperature, as vLLM's raw mode computes it) beside what TRL keeps;
 while credit runs, ``raw_logprobs`` switches the engine's sampler to raw mode (TRL's own sampling is untouched).
+
+The step's rollouts need not be forced at all while the blocks TRL's decode wrote are still in the engine's prefix
+cache: ``SampledBlocks`` says whether they are (no reset of the prefix cache since the sampling ended, no
+preemption during it), and the exact passes of the first group measured resume them, each resume verified by its
+cache hit as the stages verify theirs. Once a pass resets the cache (re-feed's does), the batch is forced as
+sampled again, and certified against what the tap recorded.
 """
 from __future__ import annotations
 
@@ -19,7 +25,9 @@ import contextlib
 import torch
 
 from ..measure.vllm_forcing import FORCING_PROCESSOR
+from ..measure.vllm_trunks import preemption_count
 from .inputs import BadInput
+from .kernel import TOP_K
 
 RAW = "raw_logprobs"
 
@@ -105,13 +113,53 @@ def request_number(req_id: str) -> int | None:
     return int(head) if head.isdigit() else None
 
 
-class SamplerTap:
-    """While recording: every sampled token of every request, with its raw logprob (log softmax of the logits the
-    sampler was given, computed as vLLM's raw mode computes it, before the sampler changes them)."""
+class SampledBlocks:
+    """Whether the blocks TRL's engine wrote into its prefix cache while sampling a step are still those its decode
+    wrote: no preemption during the sampling (a preempted request's blocks are computed again by a prefill), and no
+    reset of the prefix cache since it ended (TRL resets it after loading new weights; credit's forcing and re-feed
+    passes reset it). Every reset of the LLM's prefix cache is counted, whoever asks for it."""
 
-    def __init__(self, runner):
-        self.runner = runner
-        self.calls: list = []  # per sampler call: (request ids, sampled tokens, their raw logprobs)
+    def __init__(self, llm):
+        self.llm, self.resets, self.ended, self.preempted = llm, 0, None, None
+        reset = llm.reset_prefix_cache
+
+        def counted(*args, **kwargs):
+            self.resets += 1
+            return reset(*args, **kwargs)
+
+        llm.reset_prefix_cache = counted
+
+    @contextlib.contextmanager
+    def sampling(self):
+        """Around TRL's sampling of a step: the preemptions during it, and the reset count when it ended."""
+        self.ended = None
+        before = preemption_count(self.llm)
+        yield self
+        after = preemption_count(self.llm)
+        self.preempted = None if before is None or after is None else after - before
+        self.ended = self.resets
+
+    def gone(self) -> str | None:
+        """None while the step's sampled blocks are resident as its decode wrote them, else why they are not."""
+        if self.ended is None:
+            return "no sampling was recorded"
+        if self.preempted is None:
+            return "the engine's preemption count could not be read"
+        if self.preempted:
+            return f"vLLM preempted {self.preempted} requests while sampling"
+        if self.resets != self.ended:
+            return "the prefix cache was reset since the sampling"
+        return None
+
+
+class SamplerTap:
+    """While recording: every sampled token of every request, with its raw logprob and the raw top-k (log softmax
+    of the logits the sampler was given, computed as vLLM's raw mode computes it, before the sampler changes
+    them)."""
+
+    def __init__(self, runner, width: int = TOP_K):
+        self.runner, self.width = runner, width
+        self.calls: list = []  # per sampler call: (request ids, sampled tokens, their raw logprobs, raw top-k)
 
     @contextlib.contextmanager
     def recording(self):
@@ -124,8 +172,9 @@ class SamplerTap:
             out = forward(logits, sampling_metadata, *args, **kwargs)
             tokens = out.sampled_token_ids[:, 0].long()
             rows = len(tokens)
+            top = raw[:rows].topk(min(self.width, raw.shape[-1]), dim=-1)
             self.calls.append((list(self.runner.input_batch.req_ids[:rows]), tokens.clone(),
-                               raw[:rows].gather(1, tokens[:, None])[:, 0].clone()))
+                               raw[:rows].gather(1, tokens[:, None])[:, 0].clone(), top.indices, top.values))
             return out
 
         sampler.forward = tapped
@@ -134,34 +183,53 @@ class SamplerTap:
         finally:
             del sampler.forward  # the class's method again
 
-    def by_request(self) -> dict[str, tuple[list[int], list[float]]]:
+    def by_request(self) -> dict[str, tuple[list[int], list[float], list[list]]]:
+        """Per request: its sampled tokens, their raw logprobs and the raw top-k of each step ([[id, logprob], ...])."""
         found: dict = {}
-        for ids, tokens, logprobs in self.calls:
-            for req, token, lp in zip(ids, tokens.tolist(), logprobs.tolist()):  # float32's values, exactly
-                got = found.setdefault(req, ([], []))
+        for ids, tokens, logprobs, top_ids, top_values in self.calls:
+            # float32's values, exactly
+            for req, token, lp, t_ids, t_values in zip(ids, tokens.tolist(), logprobs.tolist(), top_ids.tolist(),
+                                                       top_values.tolist()):
+                got = found.setdefault(req, ([], [], []))
                 got[0].append(token)
                 got[1].append(lp)
+                got[2].append([[t, v] for t, v in zip(t_ids, t_values)])
         return found
+
+    def matched(self, completion_ids, completion_mask):
+        """Per rollout (LLM.generate's order): (its raw logprobs, its raw top-k), one per response token; None when
+        what was recorded is not one generate call of these rollouts."""
+        found = self.by_request()
+        numbered = [(request_number(r), r) for r in found]
+        if len(numbered) != completion_ids.shape[0] or any(n is None for n, _ in numbered):
+            return None
+        rows = []
+        for i, (_, req) in enumerate(sorted(numbered)):
+            tokens, logprobs, top = found[req]
+            want = completion_ids[i][completion_mask[i].bool()].tolist()
+            at = aligned(tokens, want)
+            if at is None:
+                return None
+            rows.append((logprobs[at:at + len(want)], top[at:at + len(want)]))
+        return rows
 
     def per_token(self, completion_ids, completion_mask):
         """Rows x positions of the raw logprobs of each rollout's sampled tokens (0 past its end), the rollouts in
         LLM.generate's order; None when what was recorded is not one generate call of these rollouts (then no
         certificate: 'not recorded')."""
-        found = self.by_request()
-        numbered = [(request_number(r), r) for r in found]
-        rows, width = completion_ids.shape
-        if len(numbered) != rows or any(n is None for n, _ in numbered):
+        rows = self.matched(completion_ids, completion_mask)
+        if rows is None:
             return None
-        numbered.sort()
-        values = torch.zeros(rows, width, dtype=torch.float64)  # holds any float32 exactly
-        for i, (_, req) in enumerate(numbered):
-            tokens, logprobs = found[req]
-            want = completion_ids[i][completion_mask[i].bool()].tolist()
-            at = aligned(tokens, want)
-            if at is None:
-                return None
-            values[i, :len(want)] = torch.tensor(logprobs[at:at + len(want)], dtype=torch.float64)
+        values = torch.zeros(completion_ids.shape, dtype=torch.float64)  # holds any float32 exactly
+        for i, (logprobs, _) in enumerate(rows):
+            values[i, :len(logprobs)] = torch.tensor(logprobs, dtype=torch.float64)
         return values
+
+    def top_k(self, completion_ids, completion_mask) -> list | None:
+        """Per rollout, the raw top-k of each response position, as the sampler computed it (the pivots' margins
+        at decode time); None as per_token."""
+        rows = self.matched(completion_ids, completion_mask)
+        return None if rows is None else [top for _, top in rows]
 
 
 def aligned(sampled: list[int], completion: list[int]) -> int | None:

@@ -108,6 +108,7 @@ from .vllm_trunks import (
     cache_floor,
     common_prefix,
     ints,
+    preemption_count,
     topk_of,
 )
 
@@ -273,11 +274,7 @@ class VLLMEngine:
                                f"are still in use; the run stops rather than measure a stale cache")
 
     def _preemption_count(self) -> int | None:
-        try:
-            metrics = self.llm.get_metrics()
-        except (AttributeError, AssertionError):  # a stand-in, or stats logging off
-            return None
-        return int(sum(getattr(m, "value", 0) for m in metrics if m.name == "vllm:num_preemptions"))
+        return preemption_count(self.llm)
 
     def _submit(self, requests: list[dict], params: list, synchronized: bool):
         """The outputs of one call, in request order. synchronized, on the multi-process engine: pause its
@@ -446,11 +443,14 @@ class VLLMEngine:
                         [differ[r] for r in sorted(differ)])
 
     def _resident(self, job: PivotJob, state: "ResidentTrunks") -> str:
-        """How this pivot's resumed blocks came to be cached: 'identical' (its trunk regenerated bit for bit),
+        """How this pivot's resumed blocks came to be cached: 'sampled' (the sampler's own, nothing forced since:
+        vllm_batch_forcing.sampled_state), 'identical' (its trunk regenerated bit for bit),
         'tokens' (a regenerated trunk has the saved tokens over those blocks, so they are its decode-time
         state), or 'not established' (no regeneration reached them: the pivot is flagged)."""
         if not state.clean:
             return "not established"
+        if state.from_sampler and not state.established:  # the sampler's own blocks, never forced since
+            return "sampled"
         if state.identical.get(job.rollout):
             return "identical"
         floor = cache_floor(job.abs_pos, self.kv_block_size)

@@ -29,6 +29,15 @@ def topk_of(step_logprobs: dict, k: int) -> tuple[list[int], list[float]]:
     return [int(t) for t, _ in entries], [float(lp.logprob) for _, lp in entries]
 
 
+def preemption_count(llm) -> int | None:
+    """The engine's preemptions so far (its stats), or None where it cannot say (stats off, a stand-in)."""
+    try:
+        metrics = llm.get_metrics()
+    except (AttributeError, AssertionError):
+        return None
+    return int(sum(getattr(m, "value", 0) for m in metrics if m.name == "vllm:num_preemptions"))
+
+
 def ints(x) -> list[int]:
     return [int(v) for v in x]
 
@@ -60,6 +69,8 @@ class ResidentTrunks:
     established: int = 0  # regenerations so far
     forced: int = 0  # forced decoding (VLLMEngine.force_trunks): the top-k width it records; 0: sampled trunks
     batch: object = None  # its rows of a batch forced whole (vllm_batch_forcing.GroupOfBatch), else None
+    # first resident as a sampler left them in the prefix cache (vllm_batch_forcing.sampled_state): nothing forced
+    from_sampler: bool = False
 
     @classmethod
     def of_forced(cls, prompt: list, trunks: list, top_logprobs: int, batch=None) -> "ResidentTrunks":
