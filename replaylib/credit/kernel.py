@@ -22,8 +22,8 @@ from . import graders
 from .inputs import BadInput
 
 TOP_K = 5  # top-k the forced decode records per step (margins and alternatives when none are recorded)
-ROOTS = (("replaylib.credit.kernel", "KERNEL"),)
-log = logging.getLogger("replaylib")  # what a group's record holds without running it
+ROOTS = (("replaylib.credit.kernel", "KERNEL"),)  # what a group's record holds without running it
+log = logging.getLogger("replaylib")
 
 
 def prompt_digest(prompt_ids: list[int]) -> str:
