@@ -171,9 +171,10 @@ class HFEngine(PrefixStates):
                 cache.update(k.to(self.device), v.to(self.device), layer)
         return cache
 
-    def _prefill(self, seqs: list[list[int]], model=None):
-        """Prefill sequences, left-padded to one length; returns (last logits, cache, mask, pads)."""
-        length = max(len(s) for s in seqs)
+    def _prefill(self, seqs: list[list[int]], model=None, width: int = 0):
+        """Prefill sequences, left-padded to one length (at least `width`: a sampler's padded batch); returns
+        (last logits, cache, mask, pads)."""
+        length = max(width, *(len(s) for s in seqs))
         pads = [length - len(s) for s in seqs]
         ids = torch.tensor([[self.pad_id] * p + s for p, s in zip(pads, seqs)])
         mask = torch.tensor([[0] * p + [1] * len(s) for p, s in zip(pads, seqs)])

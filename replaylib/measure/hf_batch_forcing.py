@@ -1,8 +1,6 @@
 """Forced decoding of a batch as transformers' generate sampled it (the credit tool's forcing="batch")."""
 from __future__ import annotations
 
-import torch
-
 from .engine import Trunk
 from .engine_hf import _Rows
 from .state import ResidentState
@@ -24,12 +22,8 @@ def force_batch(engine, prompts: list[list[int]], responses: list[list[int]], wi
     if width < max(len(p) for p in prompts):
         raise ValueError(f"the batch's prompts were padded to {width} tokens, fewer than its longest prompt "
                          f"({max(len(p) for p in prompts)})")
-    pads = [width - len(p) for p in prompts]
-    ids = torch.tensor([[engine.pad_id] * pad + p for pad, p in zip(pads, prompts)])
-    mask = torch.tensor([[0] * pad + [1] * len(p) for pad, p in zip(pads, prompts)])
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # as generate counts them: a pad position at 0
-    mask = mask if any(pads) else None  # generate drops a mask of ones
-    logits, cache = engine._forward(ids, positions, engine._new_cache(), mask)
+    # left-padded and masked, a pad position at 0, as generate counts them; no mask where nothing is padded
+    logits, cache, mask, pads = engine._prefill([list(p) for p in prompts], width=width)
     steps = max(len(r) for r in responses)
     rows = _Rows(seeds=[0] * len(prompts), temperature=[0.0] * len(prompts), top_p=[1.0] * len(prompts),
                  max_new=[steps] * len(prompts), topk=top_logprobs,
