@@ -386,3 +386,14 @@ def test_a_later_step_resumes_the_blocks_trl_s_sampling_left_in_the_prefix_cache
     # re-feed's pass reset the cache: the next group forced the batch again
     assert forced_calls(llm) > forced_before
     assert all(p["verified_resume"] and p["verified_replica"] for p in later)
+
+
+def test_resident_without_forcing_batch_is_refused_in_one_line():
+    from vllm_standin import FakeLLM, FakeSP
+
+    from replaylib.credit.estimator import Estimator
+    from replaylib.measure.engine_vllm import VLLMEngine
+    engine = VLLMEngine(FakeLLM(block_size=4, forcing=True), FakeSP, serving="inprocess", config="credit", forcing=True)
+    estimator = Estimator(engine=engine, grader="gsm8k", forcing="groups")
+    with pytest.raises(BadInput, match=r"^Estimator: resident .*with forcing 'batch', or leave it out$"):
+        estimator([{"prompt_ids": [0, 5, 1], "response_ids": [7, 2], "ground_truth": "7"}], resident=lambda: None)

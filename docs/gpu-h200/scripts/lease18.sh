@@ -1,13 +1,15 @@
 #!/bin/bash
-# Lease 18: what lease 17 could not show, on TRL's GRPOTrainer with vLLM colocated (examples/trl_grpo_vllm_credit.py).
-#   1. grpo_nobudget: 2 steps with no budget to speak of (--budget-share 1000): every rollout measured on TRL's
+# Lease 18 (planned; not run: every one of eight starts on 2026-12-07 failed, "no device machine could be started",
+# and used up that session's device time): what lease 17 could not show, on TRL's GRPOTrainer with vLLM colocated
+# (examples/trl_grpo_vllm_credit.py). About 12 minutes after the parts (about 4).
+#   1. grpo_nobudget: 5 steps with no budget to speak of (--budget-share 1000): every rollout measured on TRL's
 #      engine. Step 1 is forced as sampled (its calibration resets the prefix cache); from step 2 on, each step's
 #      first group resumes the blocks TRL's own decode left cached (certificate "sampler's blocks"), the others
-#      force the batch as sampled (certificates against the tap's raw top-k and logprobs).
+#      force the batch as sampled (certificates against the tap's raw top-k and logprobs). 20 prompts: the verdict.
 #   2. grpo_budget: 100 steps in the default budget: the share of the training's time credit takes.
 #   3. grpo_groups: 1 step with each prompt's group forced alone (what forcing the batch buys).
-#   Each trainer gets its own MASTER_PORT (two in one container collide on 29500: lease 17). Seven failed starts left
-#   9 minutes of device time: the paper-size campaign beside the GPU tests (about 16 min alone) is the next lease's.
+#   Each trainer gets its own MASTER_PORT (two in one container collide on 29500: lease 17). The paper-size campaign
+#   beside the GPU tests (about 16 min alone) does not fit beside these runs: a lease of its own.
 #   lease18.sh parts        copy the parts this call carried under /tmp; the first call also starts the chain
 #   lease18.sh poll SECS    wait up to SECS for the chain's end; report; pack the logs and the GRPO outputs
 # Parts: lease17_parts.sh WHEELHOUSE_TAR lease16.image-packages (the vLLM wheelhouse .gpu/pNN, the extra wheels
@@ -30,7 +32,7 @@ chain)
   step convert_qwen 600 python3 -m replaylib.models fetch qwen2.5-coder-0.5b-instruct --gguf /tmp/gg/qwen.gguf ||
     fail "qwen conversion"
   grpo() { step $1 900 env MASTER_PORT=$2 python3 examples/trl_grpo_vllm_credit.py --out /tmp/$1 "${@:3}"; }
-  grpo grpo_nobudget 29611 --steps 2 --budget-share 1000
+  grpo grpo_nobudget 29611 --steps 5 --budget-share 1000
   grpo grpo_budget 29613 --steps 100
   grpo grpo_groups 29612 --steps 1 --budget-share 1000 --forcing groups
   chain_epilogue;;
