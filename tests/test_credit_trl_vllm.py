@@ -388,12 +388,15 @@ def test_a_later_step_resumes_the_blocks_trl_s_sampling_left_in_the_prefix_cache
     assert all(p["verified_resume"] and p["verified_replica"] for p in later)
 
 
-def test_resident_without_forcing_batch_is_refused_in_one_line():
+def test_resident_blocks_without_forcing_batch_on_the_vllm_engine_that_sampled_are_refused_in_one_line():
     from vllm_standin import FakeLLM, FakeSP
 
     from replaylib.credit.estimator import Estimator
     from replaylib.measure.engine_vllm import VLLMEngine
     engine = VLLMEngine(FakeLLM(block_size=4, forcing=True), FakeSP, serving="inprocess", config="credit", forcing=True)
-    estimator = Estimator(engine=engine, grader="gsm8k", forcing="groups")
-    with pytest.raises(BadInput, match=r"^Estimator: resident .*with forcing 'batch', or leave it out$"):
-        estimator([{"prompt_ids": [0, 5, 1], "response_ids": [7, 2], "ground_truth": "7"}], resident=lambda: None)
+    rollout = [{"prompt_ids": [0, 5, 1], "response_ids": [7, 2], "ground_truth": "7"}]
+    why = r"^Estimator: resident .*with forcing 'batch' on the vLLM engine that sampled the batch .*leave it out$"
+    with pytest.raises(BadInput, match=why):
+        Estimator(engine=engine, grader="gsm8k", forcing="groups")(rollout, resident=lambda: None)
+    with pytest.raises(BadInput, match=why):  # a transformers engine keeps no sampler's blocks
+        Estimator(model="tiny:0", grader="gsm8k", forcing="batch", device="cpu")(rollout, resident=lambda: None)

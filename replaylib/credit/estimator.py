@@ -119,9 +119,11 @@ class Estimator:
         started = time.perf_counter()
         if first is not None and (isinstance(first, bool) or not isinstance(first, int) or first < 1):
             raise BadInput(f"Estimator: first {first!r}: give a number of rollouts, at least 1, or None for all")
-        if resident is not None and (self.settings.forcing != "batch" or not callable(resident)):
+        if resident is not None and (self.settings.forcing != "batch" or not callable(resident)
+                                     or getattr(getattr(self.executor, "engine", None), "name", None) != "vllm"):
             raise BadInput(f"Estimator: resident {resident!r}: give a function (None while the sampled blocks are "
-                           f"cached) with forcing 'batch', or leave it out")
+                           f"cached), with forcing 'batch' on the vLLM engine that sampled the batch (llm= or "
+                           f"engine=), or leave it out")
         source, rollouts, inputs = read_checked(batch, self.settings, self.vocab, self.context)
         if resident is not None and rollouts:
             rollouts[0].batch.resident = resident
