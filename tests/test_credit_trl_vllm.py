@@ -80,7 +80,7 @@ def test_the_tap_keeps_each_sampled_token_s_raw_logprob_by_request_and_matches_t
     assert found[0].tolist() == [raw[0][0, tokens[0][0]].item(), raw[1][0, tokens[1][0]].item(),
                                  raw[2][0, tokens[2][0]].item()]  # the raw logprob, not the processed one
     assert found[1].tolist() == [raw[1][1, tokens[1][1]].item(), raw[2][1, tokens[2][1]].item(), 0.0]
-    top = tap.top_k(completion_ids, mask)  # the raw top-k of each position, best first: the pivots' margins
+    top = [t for _, t in tap.matched(completion_ids, mask)]  # the raw top-k of each position, best first: the pivots' margins
     best = raw[1][1].topk(5)
     assert top[1][0] == [[t, v] for t, v in zip(best.indices.tolist(), best.values.tolist())]
     assert [len(row) for row in top] == [3, 2] and all(len(step) == 5 for row in top for step in row)

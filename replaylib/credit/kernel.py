@@ -67,13 +67,16 @@ def batch_rows(engine, group: list, width: int, observe: dict):
     key = (id(engine), width, getattr(observe.get("observe"), "temperature", None))
     if engine.name == "vllm":  # the blocks live in its prefix cache: each group's state forces the batch again
         from ..measure import vllm_batch_forcing as forcing
+
+        def forced_whole():
+            FORCED[batch] = (key, *forcing.force_batch(engine, batch.prompts, batch.responses, width), engine.epoch)
+
         if FORCED.get(batch, (None,))[0] != key:
             FORCED.clear()
             if sampler_blocks_resident(batch, group):  # its first group resumes them, nothing forced
                 FORCED[batch] = (key, None, 0, engine.epoch)
             else:
-                FORCED[batch] = (key, *forcing.force_batch(engine, batch.prompts, batch.responses, width),
-                                 engine.epoch)
+                forced_whole()
         _, trunks, preempted, epoch = FORCED[batch]
         group_of_batch = forcing.GroupOfBatch(batch.prompts, batch.responses, rows, width)
         if trunks is None:
@@ -82,7 +85,7 @@ def batch_rows(engine, group: list, width: int, observe: dict):
             if state is not None:
                 return sampled, state
             log.info("credit: the batch is forced as sampled (some of the blocks its sampling wrote were evicted)")
-            FORCED[batch] = (key, *forcing.force_batch(engine, batch.prompts, batch.responses, width), engine.epoch)
+            forced_whole()
             _, trunks, preempted, epoch = FORCED[batch]
         return [trunks[b] for b in rows], forcing.group_state(engine, group_of_batch, trunks, preempted, epoch)
     from ..measure.hf_batch_forcing import force_batch

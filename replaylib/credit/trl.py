@@ -43,7 +43,7 @@ from .estimator import Once
 from .inputs import ALIASES, BadInput
 from .running import Pooled
 from .tool import Settings
-from .trl_vllm import SampledBlocks, SamplerTap, colocated_llm, model_runner, raw_logprobs
+from .trl_vllm import SampledBlocks, SamplerTap, colocated_llm, model_runner, per_position, raw_logprobs
 
 SAMPLER_LOGPROBS = "sampling_per_token_logps"  # the sampler's own; not old_per_token_logps (a training forward's)
 TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
@@ -238,8 +238,9 @@ class CreditCallback(TrainerCallback):
         """The step's recorded logprobs as rows x positions, or None (certificates 'not recorded'); on TRL's
         engine, their raw top-k too (sampled_top)."""
         if isinstance(recorder, SamplerTap):
-            self.sampled_top = recorder.top_k(out["completion_ids"], out["completion_mask"])
-            found = recorder.per_token(out["completion_ids"], out["completion_mask"])
+            rows = recorder.matched(out["completion_ids"], out["completion_mask"])
+            self.sampled_top = None if rows is None else [top for _, top in rows]
+            found = per_position(rows, out["completion_ids"].shape)
             if found is None:
                 self.warn("CreditCallback: the raw logprobs vLLM computed while sampling this step could not be "
                           "matched to its rollouts; its certificates read 'not recorded'")

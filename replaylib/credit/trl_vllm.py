@@ -214,22 +214,19 @@ class SamplerTap:
         return rows
 
     def per_token(self, completion_ids, completion_mask):
-        """Rows x positions of the raw logprobs of each rollout's sampled tokens (0 past its end), the rollouts in
-        LLM.generate's order; None when what was recorded is not one generate call of these rollouts (then no
-        certificate: 'not recorded')."""
-        rows = self.matched(completion_ids, completion_mask)
-        if rows is None:
-            return None
-        values = torch.zeros(completion_ids.shape, dtype=torch.float64)  # holds any float32 exactly
-        for i, (logprobs, _) in enumerate(rows):
-            values[i, :len(logprobs)] = torch.tensor(logprobs, dtype=torch.float64)
-        return values
+        """per_position of what matched these rollouts."""
+        return per_position(self.matched(completion_ids, completion_mask), completion_ids.shape)
 
-    def top_k(self, completion_ids, completion_mask) -> list | None:
-        """Per rollout, the raw top-k of each response position, as the sampler computed it (the pivots' margins
-        at decode time); None as per_token."""
-        rows = self.matched(completion_ids, completion_mask)
-        return None if rows is None else [top for _, top in rows]
+
+def per_position(rows: list | None, shape) -> torch.Tensor | None:
+    """SamplerTap.matched's rows as rows x positions of raw logprobs (0 past a rollout's end), the rollouts in
+    LLM.generate's order; None when nothing matched (then no certificate: 'not recorded')."""
+    if rows is None:
+        return None
+    values = torch.zeros(shape, dtype=torch.float64)  # holds any float32 exactly
+    for i, (logprobs, _) in enumerate(rows):
+        values[i, :len(logprobs)] = torch.tensor(logprobs, dtype=torch.float64)
+    return values
 
 
 def aligned(sampled: list[int], completion: list[int]) -> int | None:

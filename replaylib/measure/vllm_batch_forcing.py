@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .vllm_trunks import ResidentTrunks, blocks, ints
+from .vllm_trunks import ResidentTrunks, ints
 
 
 @dataclasses.dataclass
@@ -59,11 +59,8 @@ def sampled_state(engine, group: GroupOfBatch, trunks: list, epoch: int) -> Resi
     batch is forced (group.force) and compared with what was recorded, as group_state's are. None when some of
     the blocks are gone (evicted): then the batch must be forced."""
     state = ResidentTrunks.of_forced(trunks[0].prompt_ids, trunks, group.top_logprobs, batch=group)
-    state.from_sampler, state.clean, state.epoch = True, True, epoch
-    state.identical = {t.rollout: True for t in trunks}
-    state.regenerated = [list(t.prompt_ids) + t.gen_ids for t in trunks]
-    state.agree = {t.rollout: len(t.gen_ids) for t in trunks}
-    state.trunk_blocks = sum(blocks(len(seq), engine.kv_block_size) for seq in state.regenerated)
+    engine._record(state, trunks, 0)  # recorded as a regeneration is: clean, each trunk identical to itself
+    state.from_sampler, state.epoch, state.established = True, epoch, 0  # no regeneration: the sampler's own blocks
     if engine.epoch == epoch and not all_cached(engine, state.regenerated):
         return None
     return state
