@@ -195,6 +195,21 @@ def test_per_token_logprobs_without_the_engine_s_logits_are_not_comparable():
     assert certificate([[[4, -0.5], [5, -1.5]]], [-0.5], forced)["certificate"] == "bit-exact"
 
 
+def test_entries_tied_at_the_top_k_s_lowest_value_may_differ_by_id_but_nothing_else_may():
+    """bfloat16 logits tie often: the sampler's top-3 holds id 7 of two entries at -2.0, the forced decode's first
+    three hold id 8. Its wider top-k finds id 7 at -2.0 as recorded: bit-exact. An entry it ranks above the
+    recorded ones' lowest that was not recorded, a recorded one it does not hold, or a tied value a bit lower, differ."""
+    forced = SimpleNamespace(topk_ids=[[4, 5, 8, 7, 9]], topk_logprobs=[[-0.5, -1.5, -2.0, -2.0, -3.0]], observed=None,
+                             token_logprobs=[-0.5])
+    recorded = [[[4, -0.5], [5, -1.5], [7, -2.0]]]
+    assert certificate(recorded, [-0.5], forced)["certificate"] == "bit-exact"
+    above = SimpleNamespace(**{**vars(forced), "topk_logprobs": [[-0.5, -1.5, -1.75, -2.0, -3.0]]})
+    assert certificate(recorded, [-0.5], above)["certificate"] == "differs"
+    assert certificate([[[4, -0.5], [5, -1.5], [6, -2.0]]], [-0.5], forced)["certificate"] == "differs"
+    lower = SimpleNamespace(**{**vars(forced), "topk_logprobs": [[-0.5, -1.5, -2.0, -2.0001, -3.0]]})
+    assert certificate(recorded, [-0.5], lower)["certificate"] == "differs"
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(__import__("os").environ.get("REPLAYLIB_SLOW") != "1", reason="set REPLAYLIB_SLOW=1")
 def test_generate_s_rollouts_on_the_embedded_model_are_within_arithmetic():

@@ -116,6 +116,41 @@ def test_credit_s_budget_is_a_share_of_the_training_s_time_so_far_less_what_cred
     assert CreditCallback(budget_s=5.0).budget(3.0) == 5.0 and CreditCallback(budget_share=None).budget(3.0) is None
 
 
+def test_credit_s_account_pays_back_its_calibration_then_measures_within_its_share(caplog):
+    """As on the GPU: a calibration of 5.4 s on step 1, steps of 1.5 s of the training's own, a rollout estimated at
+    0.66 s, and 0.15 s of reading a batch wherever credit runs. A step whose account cannot pay for one rollout
+    runs nothing (were it to read its batch, those 0.15 s would outgrow the 0.15 s a step earns, and credit would
+    never measure again); once the calibration is paid back, it measures, and stays within its share."""
+    now = [0.0]
+    callback = CreditCallback(every=1, budget_share=0.1)
+    callback.clock = lambda: now[0]
+    callback.estimator = SimpleNamespace(first_s=None, close=lambda: None)
+    calls = []
+
+    def measure(out, inputs, step, budget_s):
+        calls.append(step)
+        if len(calls) == 1:  # the calibration: afterwards, a rollout is priced
+            now[0] += 5.4
+            callback.estimator.first_s = 0.66
+            return {"rollouts": 0.0}
+        now[0] += 0.15 + (0.66 if budget_s >= 0.66 else 0.0)
+        return {"rollouts": float(budget_s >= 0.66)}
+
+    callback.measure = measure
+    trainer = FakeTrainer(now, sampling_s=0.5)
+    callback.attach(trainer)
+    with caplog.at_level(logging.INFO, logger="replaylib"):
+        for _ in range(100):
+            trainer.step(callback, rest_s=1.0, clock=now)
+    logged = trainer._metrics["train"]
+    assert calls[0] == 1 and 35 < calls[1] < 50  # the steps between paid the calibration back, running nothing
+    assert sum(logged["credit/rollouts"]) >= 8 and len(calls) == len(logged["credit/rollouts"]) < 20
+    assert len(logged["credit/bank_s"]) == 100 and min(logged["credit/bank_s"]) < -5
+    assert logged["credit/share_total"][-1] <= 0.1 + 0.81 / 150  # within its share, but for the last rollout's cost
+    said = [r.getMessage() for r in caplog.records if "no rollout fitted its account" in r.getMessage()]
+    assert len(said) == 1 and "its calibration included" in said[0]
+
+
 def test_a_failure_in_credit_is_one_warning_and_a_skipped_step_and_strict_raises_it(caplog):
     now = [0.0]
     callback = CreditCallback(every=1)

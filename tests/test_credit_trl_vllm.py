@@ -181,7 +181,7 @@ def test_a_batch_vllm_sampled_in_one_call_is_bit_exact_forced_whole_where_forcin
     from replaylib.measure.engine_vllm import VLLMEngine
     llm = FakeLLM(block_size=4, forcing=True, batch_dependent=True)
     prompts = [[0, 5, 9, 14, 22, 31, 7, 1]] * 3 + [[0, 6, 12, 30, 1]] * 3
-    params = [FakeSP(temperature=1.0, max_tokens=12, logprobs=1, seed=s, ignore_eos=True) for s in range(len(prompts))]
+    params = [FakeSP(temperature=1.0, max_tokens=12, logprobs=1, seed=s) for s in range(len(prompts))]
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)  # TRL's one call for the step
     width, length = max(map(len, prompts)), max(len(o.outputs[0].token_ids) for o in outs)
     batch = {"prompt_ids": [], "prompt_mask": [], "completion_ids": [], "completion_mask": [], "logprobs": [],
@@ -277,8 +277,8 @@ def grpo_trainer(out_dir, llm):
         if trainer.state.global_step:  # TRL's weight sync before a later step's sampling
             llm.reset_prefix_cache()
         rows = [PROMPTS[i % 2] for i in range(len(inputs))]
-        params = [FakeSP(temperature=1.0, max_tokens=10, logprobs=1, seed=s + 100 * trainer.state.global_step,
-                         ignore_eos=True) for s in range(len(rows))]
+        params = [FakeSP(temperature=1.0, max_tokens=10, logprobs=1, seed=s + 100 * trainer.state.global_step)
+                  for s in range(len(rows))]  # as TRL's: a rollout ends at EOS or at max_tokens
         outs = llm.generate([{"prompt_token_ids": p} for p in rows], params)
         width, length = max(map(len, rows)), max(len(o.outputs[0].token_ids) for o in outs)
         pad = lambda seq, n, left: ([0] * (n - len(seq)) + seq) if left else (seq + [0] * (n - len(seq)))  # noqa: E731

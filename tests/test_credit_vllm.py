@@ -61,11 +61,21 @@ def test_forced_decoding_certifies_the_engine_s_own_rollouts_and_resume_equals_i
     assert frame["verified_resume"].all() and frame["verified_replica"].all() and summary["not_verified"] == 0
     assert (frame["continuations_resume"] == frame["continuations_replica"]).all()
     assert summary["engine"]["forced_decoding"].endswith("vllm_forcing:ForcedTokens")
-    # one forced-decoding call per prompt, every response of it in the call, each its own length, EOS ignored
+    # one forced-decoding call per prompt, every response of it in the call, each ending as it was sampled: at its
+    # stop token (max_tokens: the sampler's, the call's longest that ran out), else at its length, EOS ignored
     forced = [(prompts, sps) for prompts, sps in engine.llm.calls if getattr(sps[0], "extra_args", None)]
     assert len(forced) >= len(PROMPTS)
+    endings = set()
     for prompts, sps in forced:
-        assert all(sp.ignore_eos and sp.max_tokens == len(sp.extra_args["replaylib_forced_tokens"]) for sp in sps)
+        for sp in sps:
+            resp = sp.extra_args["replaylib_forced_tokens"]
+            if resp[-1] in (2, 3):  # the stand-in's EOS and its other stop token
+                endings.add("stop")
+                assert sp.stop_token_ids == [resp[-1]] and not sp.ignore_eos and sp.max_tokens >= len(resp)
+            else:
+                endings.add("length")
+                assert sp.ignore_eos and sp.max_tokens == len(resp)
+    assert endings == {"stop", "length"}
     timing = json.loads((tmp_path / "out" / "timing.json").read_text())
     assert set(timing["passes"]) == {"forced decoding", "resume", "replica", "refeed"}
 

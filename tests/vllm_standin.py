@@ -58,23 +58,35 @@ def complete(ids, sp, forced=None, noise=0, exact=None):
         tokens.append(t)
         if sp.logprobs and pick is None:  # a forced token outside the top 6
             step = {t: Logprob(logprob=-9.0, rank=VOCAB)}
-            step.update({top[i]: Logprob(logprob=lps[i], rank=i + 1) for i in range(sp.logprobs)})
+            step.update({top[i]: Logprob(logprob=lps[i], rank=i + 1) for i in range(min(sp.logprobs, len(top)))})
             logprobs.append(step)
         elif sp.logprobs:
             # as vllm/logprobs.py: the sampled token first (its vocabulary rank), then ranks 1..k
             step = {t: Logprob(logprob=lps[pick], rank=pick + 1)}
-            step.update({top[i]: Logprob(logprob=lps[i], rank=i + 1) for i in range(sp.logprobs)})
+            step.update({top[i]: Logprob(logprob=lps[i], rank=i + 1) for i in range(min(sp.logprobs, len(top)))})
             logprobs.append(step)
         ctx.append(t)
-        if exact is not None and len(tokens) == len(exact):
-            break
         if t in (EOS, STOP2) and not sp.ignore_eos:
             finish = "stop"
             break
         if t in (sp.stop_token_ids or ()):  # as vLLM: a request's stop tokens end it whatever ignore_eos says
             finish = "stop"
             break
+        if exact is not None and len(tokens) == len(exact):
+            break
     return tokens, (logprobs if sp.logprobs else None), finish
+
+
+def decode_steps(outs) -> None:
+    """Each step's numbers perturbed by the rows decoding at that step, as vLLM's async scheduler batches them: a
+    request that stopped at a token is decoded one step more (the scheduler learns of the stop a step late), one
+    that reached its max_tokens is not."""
+    rows = [len(o.outputs[0].token_ids) + (o.outputs[0].finish_reason == "stop") for o in outs]
+    for o in outs:
+        for step, entries in enumerate(o.outputs[0].logprobs or []):
+            live = sum(n > step for n in rows)
+            for entry in entries.values():
+                entry.logprob += live * 1e-7
 
 
 class FakeTokenizer:
@@ -161,7 +173,10 @@ class FakeLLM:
         if self.batch_dependent:
             race = 1 + _h(*(len(p["prompt_token_ids"]) for p in prompts)) % 997
         self.preempted += self.preempt_per_call
-        return [self._one(p["prompt_token_ids"], sp, race) for p, sp in zip(prompts, sampling_params)]
+        outs = [self._one(p["prompt_token_ids"], sp, race) for p, sp in zip(prompts, sampling_params)]
+        if self.batch_dependent:
+            decode_steps(outs)
+        return outs
 
     def _one(self, ids, sp, race):
         n = 0  # cached full blocks; the last prompt token is always computed

@@ -92,6 +92,8 @@ class Estimator:
         self.summary: dict = {}
         self.progress = progress  # a progress bar per call (off: a trainer's loop draws its own)
         self.cost = None  # what a batch will take: calibrated on the first batch, then from the groups measured
+        self.first_s = None  # the last batch's first rollout, priced: the least a call measures
+        self.waits = False  # its caller waits for its budget to grow (CreditCallback's account): no fit, no warning
         self.warn = Once(warn)
 
     @contextlib.contextmanager
@@ -134,6 +136,7 @@ class Estimator:
             if self.cost is None:
                 self.cost = Cost(self.settings, self.executor.call(calibrate, self.settings, inputs["groups"][0]))
             chosen = rollouts
+            self.first_s = self.cost(groups_of(rollouts[:1])) if rollouts else None
             if budget_s is not None:
                 budget_s = max(0.0, budget_s - (time.perf_counter() - started))  # the calibration spent some
                 chosen = rollouts[:self.cost.fitting(rollouts, budget_s)]
@@ -148,9 +151,9 @@ class Estimator:
             frame, _, self.summary = results(self.settings, inputs, computed, len(chosen), self.described,
                                              say=self.warn)
         else:
-            first = self.cost(groups_of(rollouts[:1]))
-            self.warn(f"a budget of {budget_s:.2f} s fits no rollout of this batch (its first would take about "
-                      f"{first:.2f} s); give a larger one (budget_s; CreditCallback's budget_share)")
+            if rollouts and not self.waits:
+                self.warn(f"a budget of {budget_s:.2f} s fits no rollout of this batch (its first would take about "
+                          f"{self.first_s:.2f} s); give a larger one (budget_s; CreditCallback's budget_share)")
             frame, self.summary = pd.DataFrame(), {"rollouts": 0, "pivots": 0}
         self.summary.update(rollouts_given=len(rollouts), estimated_s=round(estimated, 3),
                             seconds=round(time.perf_counter() - started, 3))

@@ -22,6 +22,9 @@ from . import graders
 from .inputs import BadInput
 
 TOP_K = 5  # top-k the forced decode records per step (margins and alternatives when none are recorded)
+# entries the forced decode records beyond the widest recorded top-k: where entries tie at a top-k's lowest value
+# (bfloat16 logits often do), the sampler's top-k and the forced one may each hold a different one of them
+TIE_ROOM = 5
 ROOTS = (("replaylib.credit.kernel", "KERNEL"),)  # what a group's record holds without running it
 log = logging.getLogger("replaylib")
 
@@ -136,8 +139,8 @@ def group_rows(engine, settings, group: list, path: str) -> dict:
     """One group's rows: forced decoding, pivots, passes, certificates (runs where the engine is); the
     seconds and tokens of the forced decoding and of each pass, and the grader's counts."""
     grade = graders.for_settings(settings, engine.decode)
-    # as wide a top-k as was recorded, so that every recorded entry has its counterpart
-    width = max([TOP_K, *(len(step) for r in group for step in r.top_logprobs or [])])
+    # wider than any recorded top-k, so that every recorded entry has its counterpart, ties at its lowest included
+    width = max([TOP_K, *(len(step) for r in group for step in r.top_logprobs or [])]) + TIE_ROOM
     timing = {}
     started = time.perf_counter()
     # where the engine hands out its logits, what the certificates compare with is kept at every step

@@ -180,6 +180,7 @@ class CreditCallback(TrainerCallback):
         self.measured: set = set()  # the steps credit ran at (a step's sampling may be called more than once)
         self.pooled = Pooled()
         self.warn = Once(lambda line: log.warning("warning: %s", line))
+        self.waiting = Once(log.info)
         self.step_began = None  # when this step began
         self.own_s = 0.0  # the training's own seconds so far (credit's left out)
         self.sampled_logps = None  # this step's sampled tokens' logprobs, as the sampler computed them
@@ -198,13 +199,17 @@ class CreditCallback(TrainerCallback):
         def wrapped(inputs):
             began = self.clock()
             step = trainer.state.global_step + 1  # the optimizer step these rollouts are for
-            measuring = trainer.model.training and (step - 1) % self.every == 0 and step not in self.measured
+            due = trainer.model.training and (step - 1) % self.every == 0 and step not in self.measured
+            measuring = due and self.affordable()
             with self.recording(measuring) as recorder:
                 out = sample_and_score(inputs)
-            if measuring:
+            if due:
                 self.measured.add(step)
+            if measuring:
                 self.sampled_logps = self.recorded(recorder, out)
                 self.log(self.run(out, inputs, step, self.budget(self.clock() - began)))
+            elif due:  # nothing read, recorded or run: the account grows by the step's share
+                self.log({"bank_s": self.bank()})
             return out
 
         trainer._generate_and_score_completions = wrapped
@@ -259,7 +264,21 @@ class CreditCallback(TrainerCallback):
         step's sampling included) less what credit spent so far."""
         if self.budget_s is not None or self.budget_share is None:
             return self.budget_s
-        return max(0.0, self.budget_share * (self.own_s + sampled_s) - self.spent_total)
+        return max(0.0, self.bank() + self.budget_share * sampled_s)
+
+    def bank(self) -> float | None:
+        """Credit's account with a budget_share: that share of the training's own time so far, less every second
+        credit spent (its calibration included); below zero while it pays that back."""
+        if self.budget_s is not None or self.budget_share is None:
+            return None
+        return self.budget_share * self.own_s - self.spent_total
+
+    def affordable(self) -> bool:
+        """Whether credit's account holds what its cheapest measurement costs: a batch's first rollout, as the last
+        batch priced it. Before its first batch (its calibration), and without a budget_share, it does. A step
+        that cannot afford it costs nothing: the sampler is not tapped, the batch not read."""
+        least = getattr(self.estimator, "first_s", None)
+        return self.bank() is None or least is None or self.bank() >= least
 
     def run(self, out: dict, inputs: list[dict], step: int, budget_s: float | None) -> dict:
         """This step's credit metrics; a failure is one warning and credit/skipped (strict: raised)."""
@@ -276,7 +295,13 @@ class CreditCallback(TrainerCallback):
             metrics = {"skipped": 1.0}
         self.spent = self.clock() - started
         self.spent_total += self.spent
-        return {**metrics, "seconds": self.spent, "budget_s": budget_s}
+        least = getattr(self.estimator, "first_s", None)
+        if metrics.get("rollouts") == 0 and self.bank() is not None and least is not None:
+            self.waiting(f"credit: no rollout fitted its account ({self.bank():+.2f} s: budget_share "
+                         f"{self.budget_share} of the training's own time so far, less the {self.spent_total:.2f} s "
+                         f"credit spent, its calibration included); it measures again once the account holds a "
+                         f"rollout's estimated cost ({least:.2f} s)")
+        return {**metrics, "seconds": self.spent, "budget_s": budget_s, "bank_s": self.bank()}
 
     def log(self, metrics: dict) -> None:
         """Into the trainer's metrics of this step: numbers only (a logger takes no None, TensorBoard no NaN)."""
@@ -303,6 +328,7 @@ class CreditCallback(TrainerCallback):
             settings = {"logprobs_temperature": float(trainer.args.temperature), "forcing": forcing, **self.settings}
             self.estimator = Estimator(model=trainer.accelerator.unwrap_model(trainer.model),
                                        tokenizer=trainer.processing_class, grader=grader, **settings)
+        self.estimator.waits = self.budget_share is not None and self.budget_s is None  # for its account to grow
         if self.reward is not None:  # the graded text's token ids, for the reward's completion_ids
             engine = self.estimator.executor.engine
             decode = engine.decode

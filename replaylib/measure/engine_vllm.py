@@ -93,7 +93,7 @@ from .engine import (
     chat_prompt_ids,
 )
 from .seeds import trunk_seed
-from .vllm_forcing import FORCE_KEY, FORCING_PROCESSOR
+from .vllm_forcing import FORCE_KEY, FORCING_PROCESSOR, forced_params, sampler_max_tokens
 from .vllm_setup import (
     NoLifecycle,
     engine_identity,
@@ -361,11 +361,13 @@ class VLLMEngine:
         return trunks, state
 
     def _forced_requests(self, pid: int, prompts: list[list[int]], responses: list[list[int]], top_logprobs: int):
-        """The responses (each after its prompt) forced through the decode (greedy over the one allowed token, EOS
-        ignored until the end), submitted as trunks are; a request whose tokens are not the response's stops the
-        run: the forcing was not in effect."""
-        params = [self.SamplingParams(temperature=0.0, max_tokens=len(resp), logprobs=top_logprobs, ignore_eos=True,
-                                      detokenize=False, extra_args={FORCE_KEY: resp}) for resp in responses]
+        """The responses (each after its prompt) forced through the decode (greedy over the one allowed token),
+        each ending as its sampler's did (vllm_forcing.forced_params), submitted as trunks are; a request whose
+        tokens are not the response's stops the run: the forcing was not in effect."""
+        context = getattr(self.llm.llm_engine.model_config, "max_model_len", None)
+        ran_out = sampler_max_tokens(responses, self.stop_ids)
+        params = [forced_params(self.SamplingParams, prompt, resp, top_logprobs, self.stop_ids, context, ran_out)
+                  for prompt, resp in zip(prompts, responses)]
         trunks, preempted = self._trunk_call(pid, prompts, [(r, 0) for r in range(len(responses))], params,
                                              top_logprobs, f"forced decoding of problem {pid}")
         for trunk, resp in zip(trunks, responses):

@@ -1,4 +1,4 @@
-"""Lease 17's numbers from the GRPO runs' outputs (examples/trl_grpo_vllm_credit.py: <out>/metrics.jsonl and
+"""Leases 17 to 19: the numbers from the GRPO runs' outputs (examples/trl_grpo_vllm_credit.py: <out>/metrics.jsonl and
 <out>/credit/pivots.jsonl): per run, the steps, the training's and credit's seconds and credit's share, the
 rollouts and pivots measured, the certificates, the resumes verified, and the pooled rates with the verdict.
     python docs/gpu-h200/scripts/lease17_numbers.py DIR...      (each DIR a run's --out)"""
@@ -9,18 +9,19 @@ from pathlib import Path
 
 
 def summary(out: Path) -> str:
-    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = [s for s in steps if "credit/seconds" in s]
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    logged = [s for s in logged if "wall_s" in s and "train_runtime" not in s]  # the last: the run's summary
+    steps = [s for s in logged if "credit/seconds" in s]  # the steps credit ran at (not waiting for its account)
     pivots_file = out / "credit" / "pivots.jsonl"
     pivots = [json.loads(line) for line in pivots_file.read_text().splitlines()] if pivots_file.exists() else []
-    last = steps[-1]
-    wall = sum(s["wall_s"] for s in steps)
+    last = {k: v for s in logged for k, v in s.items()}  # each metric's latest value
+    wall = sum(s["wall_s"] for s in logged)
     credit = sum(s["credit/seconds"] for s in steps)
     rollouts = sum(s.get("credit/rollouts", 0) for s in steps)
     measured = sum(1 for s in steps if s.get("credit/rollouts", 0) > 0)
     by_rollout = {(p["step"], p["id"]): p["certificate"] for p in pivots}
-    lines = [f"{out.name}: {len(steps)} steps, {wall:.1f} s of steps (credit's included), credit {credit:.1f} s, "
-             f"share of the training's own time {last['credit/share_total']:.3f}",
+    lines = [f"{out.name}: {len(logged)} steps, credit ran at {len(steps)}, {wall:.1f} s of steps (credit's "
+             f"included), credit {credit:.1f} s, share of the training's own time {last['credit/share_total']:.3f}",
              f"  steps with credit: {measured}; rollouts measured {rollouts:.0f}; pivots {len(pivots)}; "
              f"skipped {sum(s.get('credit/skipped', 0) for s in steps):.0f}",
              f"  certificates by rollout: {dict(Counter(by_rollout.values()))}",

@@ -1,15 +1,15 @@
 #!/bin/bash
-# Lease 18 (planned; not run: every one of eight starts on 2026-12-07 failed, "no device machine could be started",
-# and used up that session's device time): what lease 17 could not show, on TRL's GRPOTrainer with vLLM colocated
-# (examples/trl_grpo_vllm_credit.py). About 12 minutes after the parts (about 4).
+# Lease 18 (run 2026-12-07 on an H100, code 9df14cf; docs/gpu-h200.md, "Lease 18"; what came back: lease18/):
+# what lease 17 could not show, on TRL's GRPOTrainer with vLLM colocated (examples/trl_grpo_vllm_credit.py). The
+# parts took 19 calls and about a minute; the chain 10 minutes:
 #   1. grpo_nobudget: 5 steps with no budget to speak of (--budget-share 1000): every rollout measured on TRL's
 #      engine. Step 1 is forced as sampled (its calibration resets the prefix cache); from step 2 on, each step's
 #      first group resumes the blocks TRL's own decode left cached (certificate "sampler's blocks"), the others
 #      force the batch as sampled (certificates against the tap's raw top-k and logprobs). 20 prompts: the verdict.
 #   2. grpo_budget: 100 steps in the default budget: the share of the training's time credit takes.
 #   3. grpo_groups: 1 step with each prompt's group forced alone (what forcing the batch buys).
-#   Each trainer gets its own MASTER_PORT (two in one container collide on 29500: lease 17). The paper-size campaign
-#   beside the GPU tests (about 16 min alone) does not fit beside these runs: a lease of its own.
+#   Each trainer gets its own MASTER_PORT (two in one container collide on 29500: lease 17). Then, by hand on the
+#   same machine (the commands in docs/gpu-h200.md): the paper-size campaign's stages with tests/test_gpu.py beside.
 #   lease18.sh parts        copy the parts this call carried under /tmp; the first call also starts the chain
 #   lease18.sh poll SECS    wait up to SECS for the chain's end; report; pack the logs and the GRPO outputs
 # Parts: lease17_parts.sh WHEELHOUSE_TAR lease16.image-packages (the vLLM wheelhouse .gpu/pNN, the extra wheels
