@@ -203,11 +203,22 @@ def test_entries_tied_at_the_top_k_s_lowest_value_may_differ_by_id_but_nothing_e
                              token_logprobs=[-0.5])
     recorded = [[[4, -0.5], [5, -1.5], [7, -2.0]]]
     assert certificate(recorded, [-0.5], forced)["certificate"] == "bit-exact"
+    assert certificate(recorded, [-0.5], forced)["certificate_first_diff"] is None
     above = SimpleNamespace(**{**vars(forced), "topk_logprobs": [[-0.5, -1.5, -1.75, -2.0, -3.0]]})
     assert certificate(recorded, [-0.5], above)["certificate"] == "differs"
     assert certificate([[[4, -0.5], [5, -1.5], [6, -2.0]]], [-0.5], forced)["certificate"] == "differs"
     lower = SimpleNamespace(**{**vars(forced), "topk_logprobs": [[-0.5, -1.5, -2.0, -2.0001, -3.0]]})
     assert certificate(recorded, [-0.5], lower)["certificate"] == "differs"
+
+
+def test_a_certificate_names_the_first_position_whose_numbers_differ():
+    """Three positions, equal at the first, the token's own logprob off at the second, a top-k entry at the third."""
+    forced = SimpleNamespace(topk_ids=[[4, 5]] * 3, topk_logprobs=[[-0.5, -1.5]] * 3, observed=None,
+                             token_logprobs=[-0.5] * 3)
+    top = [[[4, -0.5], [5, -1.5]]] * 3
+    assert certificate(top, [-0.5] * 3, forced)["certificate_first_diff"] is None
+    assert certificate(top, [-0.5, -0.25, -0.5], forced)["certificate_first_diff"] == 1
+    assert certificate(top[:2] + [[[4, -0.5], [5, -1.25]]], [-0.5] * 3, forced)["certificate_first_diff"] == 2
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import weakref
 import pandas as pd
 
 from ..measure import credit as kernel
-from ..measure.credit_certificate import Observer, certificate
+from ..measure.credit_certificate import NO_NUMBERS, Observer, certificate
 from ..measure.state import ResidentState
 from ..measure.units import Kernel, Outputs, Unit
 from . import graders
@@ -130,7 +130,7 @@ def group_certificate(rollout, i: int, trunk, state) -> dict:
     if getattr(state, "from_sampler", False):
         forced = state.batch.last
         if forced is None:
-            return {"certificate": SAMPLER_BLOCKS, "certificate_max_diff": None, "certificate_bound_used": None}
+            return {"certificate": SAMPLER_BLOCKS, **NO_NUMBERS}
         trunk = forced[i]
     return certificate(rollout.top_logprobs, rollout.logprobs, trunk)  # the whole response: one per rollout
 

@@ -105,18 +105,21 @@ def _position_used(diffs: list[float], lse: float, exact: list[float], vocab: in
     return used
 
 
+NO_NUMBERS = {"certificate_max_diff": None, "certificate_bound_used": None, "certificate_first_diff": None}
+
+
 def certificate(top: list | None, logprobs: list | None, trunk) -> dict:
     """The certificate of one rollout, over every position of its response: verdict, the largest
-    |recorded - forced| (float32 against float32) and the largest share of the arithmetic bound used (None
-    where no bound)."""
+    |recorded - forced| (float32 against float32), the largest share of the arithmetic bound used (None
+    where no bound) and the first position whose numbers are not the forced decode's bit for bit (None: none)."""
     if top is None and logprobs is None:
-        return {"certificate": "not recorded", "certificate_max_diff": None, "certificate_bound_used": None}
+        return {"certificate": "not recorded", **NO_NUMBERS}
     seen, own = trunk.observed, getattr(trunk, "token_logprobs", None)
     if logprobs is not None and seen is None and own is None:  # no logits, no token's logprob: nothing to match
         if top is None:
-            return {"certificate": "not comparable", "certificate_max_diff": None, "certificate_bound_used": None}
+            return {"certificate": "not comparable", **NO_NUMBERS}
         logprobs = None
-    worst, used, same_ids, exact = 0.0, 0.0, True, True
+    worst, used, same_ids, exact, first = 0.0, 0.0, True, True, None
     for i in range(len(trunk.topk_ids)):
         if top is not None:
             mine = dict(zip(trunk.topk_ids[i], trunk.topk_logprobs[i]))
@@ -142,6 +145,8 @@ def certificate(top: list | None, logprobs: list | None, trunk) -> dict:
             if seen is not None:
                 used = max(used, _position_used([float(logprobs[i]) - seen[i]["token_exact"]], seen[i]["lse_t"],
                                                 [seen[i]["token_exact"]], seen[i]["vocab"]))
+        if first is None and not (same_ids and exact):
+            first = i  # where the numbers first differ: from there on, another state (a batch, a kernel)
     if math.isnan(worst):
         used = math.inf
     if exact and same_ids:
@@ -151,4 +156,4 @@ def certificate(top: list | None, logprobs: list | None, trunk) -> dict:
     else:
         verdict = "differs"
     return {"certificate": verdict, "certificate_max_diff": float(worst),
-            "certificate_bound_used": None if seen is None else float(used)}
+            "certificate_bound_used": None if seen is None else float(used), "certificate_first_diff": first}

@@ -24,7 +24,7 @@ def summary(out: Path) -> str:
              f"included), credit {credit:.1f} s, share of the training's own time {last['credit/share_total']:.3f}",
              f"  steps with credit: {measured}; rollouts measured {rollouts:.0f}; pivots {len(pivots)}; "
              f"skipped {sum(s.get('credit/skipped', 0) for s in steps):.0f}",
-             f"  certificates by rollout: {dict(Counter(by_rollout.values()))}",
+             f"  certificates by rollout: {dict(Counter(by_rollout.values()))}" + first_diffs(pivots),
              f"  resumes verified: {sum(p.get('verified_resume', False) for p in pivots)}/{len(pivots)}; "
              f"replica verified: {sum(p.get('verified_replica', False) for p in pivots)}/{len(pivots)}",
              f"  pooled: common pivots {last.get('credit/pooled_common_pivots', 0):.0f}, problems "
@@ -36,6 +36,13 @@ def summary(out: Path) -> str:
                  f"{s['step']} {s['wall_s']:.1f} {s['credit/seconds']:.1f} {s.get('credit/budget_s', 0):.1f} "
                  f"{s.get('credit/rollouts', 0):.0f} {s.get('credit/share', 0):.3f}" for s in steps)]
     return "\n".join(lines)
+
+
+def first_diffs(pivots: list) -> str:
+    """Where the rollouts that differ first differ (certificate_first_diff, recorded from lease 19 on)."""
+    at = sorted({(p["step"], p["id"]): p["certificate_first_diff"] for p in pivots
+                 if p.get("certificate_first_diff") is not None}.values())
+    return f"; first differing position: min {at[0]}, median {at[len(at) // 2]}, max {at[-1]}" if at else ""
 
 
 if __name__ == "__main__":
