@@ -151,6 +151,24 @@ def test_credit_s_account_pays_back_its_calibration_then_measures_within_its_sha
     assert len(said) == 1 and "its calibration included" in said[0]
 
 
+def test_a_failure_reading_what_the_sampler_recorded_is_a_skipped_step_too(caplog):
+    now = [0.0]
+    callback = CreditCallback(every=1, budget_share=None)
+    callback.clock = lambda: now[0]
+
+    def recorded(recorder, out):
+        raise IndexError("the tap's rows do not match the batch")
+
+    callback.recorded = recorded
+    callback.measure = lambda out, inputs, step, budget_s: {"pivots": 1.0}
+    trainer = FakeTrainer(now, sampling_s=1.0)
+    callback.attach(trainer)
+    with caplog.at_level(logging.WARNING, logger="replaylib"):
+        trainer.step(callback, rest_s=1.0, clock=now)
+    assert trainer.state.global_step == 1 and trainer._metrics["train"]["credit/skipped"] == [1.0]
+    assert any("IndexError" in r.getMessage() for r in caplog.records)
+
+
 def test_a_failure_in_credit_is_one_warning_and_a_skipped_step_and_strict_raises_it(caplog):
     now = [0.0]
     callback = CreditCallback(every=1)

@@ -206,8 +206,7 @@ class CreditCallback(TrainerCallback):
             if due:
                 self.measured.add(step)
             if measuring:
-                self.sampled_logps = self.recorded(recorder, out)
-                self.log(self.run(out, inputs, step, self.budget(self.clock() - began)))
+                self.log(self.run(out, inputs, step, self.budget(self.clock() - began), recorder))
             elif due:  # nothing read, recorded or run: the account grows by the step's share
                 self.log({"bank_s": self.bank()})
             return out
@@ -280,10 +279,12 @@ class CreditCallback(TrainerCallback):
         least = getattr(self.estimator, "first_s", None)
         return self.bank() is None or least is None or self.bank() >= least
 
-    def run(self, out: dict, inputs: list[dict], step: int, budget_s: float | None) -> dict:
-        """This step's credit metrics; a failure is one warning and credit/skipped (strict: raised)."""
+    def run(self, out: dict, inputs: list[dict], step: int, budget_s: float | None, recorder=None) -> dict:
+        """This step's credit metrics; a failure is one warning and credit/skipped (strict: raised). Credit's
+        seconds: these, and those the tap took inside the sampling."""
         started = self.clock()
         try:
+            self.sampled_logps = self.recorded(recorder, out)
             with raw_logprobs(self.tap.runner) if self.tap is not None else contextlib.nullcontext():
                 metrics = {**self.measure(out, inputs, step, budget_s), "skipped": 0.0}
         except Exception as e:  # noqa: BLE001 - credit is a measurement: training goes on without it
@@ -293,7 +294,7 @@ class CreditCallback(TrainerCallback):
             self.warn(f"CreditCallback: no credit at this step, training goes on ({e.__class__.__name__}: "
                       f"{text[:300]}); CreditCallback(strict=True) raises it")
             metrics = {"skipped": 1.0}
-        self.spent = self.clock() - started
+        self.spent = self.clock() - started + getattr(recorder, "seconds", 0.0)
         self.spent_total += self.spent
         least = getattr(self.estimator, "first_s", None)
         if metrics.get("rollouts") == 0 and self.bank() is not None and least is not None:

@@ -21,6 +21,7 @@ sampled again, and certified against what the tap recorded.
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 
@@ -160,21 +161,26 @@ class SamplerTap:
     def __init__(self, runner, width: int = TOP_K):
         self.runner, self.width = runner, width
         self.calls: list = []  # per sampler call: (request ids, sampled tokens, their raw logprobs, raw top-k)
+        self.seconds = 0.0  # the tap's own, while the sampler ran: credit's, not the training's
 
     @contextlib.contextmanager
     def recording(self):
         sampler = self.runner.sampler
-        self.calls = []
+        self.calls, self.seconds = [], 0.0
         forward = sampler.forward
 
         def tapped(logits, sampling_metadata, *args, **kwargs):
+            started = time.perf_counter()
             raw = sampler.compute_logprobs(logits)
+            sampling = time.perf_counter()
             out = forward(logits, sampling_metadata, *args, **kwargs)
+            sampled = time.perf_counter()
             tokens = out.sampled_token_ids[:, 0].long()
             rows = len(tokens)
             top = raw[:rows].topk(min(self.width, raw.shape[-1]), dim=-1)
             self.calls.append((list(self.runner.input_batch.req_ids[:rows]), tokens.clone(),
                                raw[:rows].gather(1, tokens[:, None])[:, 0].clone(), top.indices, top.values))
+            self.seconds += (sampling - started) + (time.perf_counter() - sampled)
             return out
 
         sampler.forward = tapped
