@@ -21,15 +21,21 @@ from .inputs import ALIASES, BadInput, Rollout, SampledBatch, _field, collect, r
 VERL_TENSORS = ("prompts", "responses", "attention_mask", "response_mask", "rollout_log_probs")
 
 
+JSON_SCALARS = (int, float, str, bool, type(None))  # plain already (exactly these types: numpy's subclass float)
+
+
 def plain(value):
     """A value as JSON data: tensors and arrays as (nested) lists, numpy scalars as Python numbers,
     mappings and sequences element by element."""
     if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        numbers = str(getattr(value, "dtype", "object")) != "object"
         value = value.tolist()
+        if numbers:  # a tensor's or numeric array's: nested lists of Python numbers already
+            return value
     if isinstance(value, dict):
         return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
+        return [v if type(v) in JSON_SCALARS else plain(v) for v in value]
     if hasattr(value, "item") and not isinstance(value, (str, bytes, int, float, bool)):
         return value.item()
     return value
@@ -67,7 +73,8 @@ def _rows_of(columns: dict, source: str) -> list[dict]:
     if wrong is not None:
         raise BadInput(f"{source}: column '{wrong}' has {lengths[wrong]} rows where others have {size}; give every "
                        f"column one entry per row")
-    return [{name: plain(columns[name][i]) for name in lengths} for i in range(size)]
+    whole = {name: plain(columns[name]) for name in lengths}  # a column at once: one copy off the device
+    return [{name: whole[name][i] for name in lengths} for i in range(size)]
 
 
 def _with_ids(rows: list[dict]) -> list[dict]:
