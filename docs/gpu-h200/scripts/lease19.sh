@@ -3,6 +3,9 @@
 # (at their stop token, where vLLM's async scheduler decodes them a step more), certificates allow ties at the
 # top-k's lowest value, and credit's account pays its calibration back before it reads a batch again. About 10
 # minutes after the parts (about 1 to 4):
+#   0. probe (lease19_probe.py): an LLM built as TRL builds its colocated one samples 4 prompts x 8 with the tap on,
+#      then the batch is forced as sampled and, as lease 18 forced it, each request to its length: the
+#      certificates of both, by how each rollout ended, and the rows vLLM decoded past a request's end.
 #   1. grpo_nobudget: 5 steps, every rollout measured on TRL's engine (--budget-share 1000): the certificates of the
 #      batch forced as sampled (lease 18: 122 of 128 'differs'), the sampler's blocks resumed, the verdict.
 #   2. grpo_share1: 20 steps at --budget-share 1.0: per-step metrics and the pooled verdict of a run that measures
@@ -31,6 +34,7 @@ chain)
   mkdir -p /tmp/gg && cat /tmp/qp/* > /tmp/gg/qwen.gguf && rm -rf /tmp/qp
   step convert_qwen 600 python3 -m replaylib.models fetch qwen2.5-coder-0.5b-instruct --gguf /tmp/gg/qwen.gguf ||
     fail "qwen conversion"
+  step probe 600 python3 docs/gpu-h200/scripts/lease19_probe.py
   grpo() { step $1 900 env MASTER_PORT=$2 python3 examples/trl_grpo_vllm_credit.py --out /tmp/$1 "${@:3}"; }
   grpo grpo_nobudget 29611 --steps 5 --budget-share 1000
   grpo grpo_share1 29612 --steps 20 --budget-share 1.0
@@ -38,6 +42,7 @@ chain)
   chain_epilogue;;
 poll)
   poll_and_pack ${2:-60}
+  [ -f $L/probe.log ] && { echo "--- probe.log"; grep -E '^\{|Error' $L/probe.log | cut -c1-900; }
   for f in $L/grpo*.log $L/gpu_tests.log; do [ -f $f ] && { echo "--- $(basename $f)"
     grep -E "Traceback|Error|credit: re-feed|train_s|passed|failed|warning" $f | tail -5 | cut -c1-600; }; done
   for d in grpo_nobudget grpo_share1 grpo_budget; do [ -f /tmp/$d/metrics.jsonl ] && echo "$d: $(grep -c credit/bank_s /tmp/$d/metrics.jsonl) steps logged, $(grep -c credit/seconds /tmp/$d/metrics.jsonl) with credit run"; done
