@@ -400,3 +400,33 @@ def test_resident_blocks_without_forcing_batch_on_the_vllm_engine_that_sampled_a
         Estimator(engine=engine, grader="gsm8k", forcing="groups")(rollout, resident=lambda: None)
     with pytest.raises(BadInput, match=why):  # a transformers engine keeps no sampler's blocks
         Estimator(model="tiny:0", grader="gsm8k", forcing="batch", device="cpu")(rollout, resident=lambda: None)
+
+
+def test_lease_19_s_probe_certifies_a_batch_forced_as_sampled_where_forcing_each_to_its_length_differs(
+        monkeypatch, tmp_path, capsys):
+    """The GPU lease's probe (docs/gpu-h200/scripts/lease19_probe.py) on the stand-in as TRL's engine (a request that
+    stopped at EOS decoded a step more): forced as sampled, every rollout bit-exact; each forced to its length, as
+    lease 18 forced them, those decoded after the first to stop at EOS differ."""
+    import runpy
+    import sys
+
+    import trl.data_utils  # noqa: F401 - imported before vLLM's stand-in module (TRL asks whether vLLM is installed)
+    from vllm_standin import FakeLLM, FakeSP
+
+    def sampling_params(**kwargs):  # vLLM's takes TRL's n, top_k and min_p; the stand-in's has no use for them
+        return FakeSP(**{k: v for k, v in kwargs.items() if k not in ("n", "top_k", "min_p")})
+
+    vllm = SimpleNamespace(SamplingParams=sampling_params, __version__="standin",
+                           LLM=lambda **kwargs: TrlLLM(FakeLLM(block_size=4, forcing=True, batch_dependent=True)))
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
+                        ("VLLM_ENABLE_V1_MULTIPROCESSING", "0"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29620")):
+        monkeypatch.setenv(name, value)  # the probe sets them, as TRL does; undone after the test
+    monkeypatch.setattr(sys, "argv", ["probe", "--prompts", "2", "--generations", "4", "--max-tokens", "40",
+                                      "--model", str(tmp_path)])
+    runpy.run_path(str(Path(__file__).parents[1] / "docs/gpu-h200/scripts/lease19_probe.py"), run_name="__main__")
+    sampled, as_sampled, to_length = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert set(sampled["ended"]) == {"stop", "length"}  # rollouts that stopped at EOS, and that ran out of tokens
+    assert {end: v["certificates"] for end, v in as_sampled.items() if end != "forcing"} == {
+        end: {"bit-exact": n} for end, n in sampled["ended"].items()}
+    assert to_length["length"]["certificates"].get("differs") and min(to_length["length"]["first_diff"]) > 0

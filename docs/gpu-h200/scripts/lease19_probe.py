@@ -5,7 +5,8 @@ its length (the forcing lease 18 ran)? One vllm.LLM built as TRL 1.16 builds its
 template, --generations each, sampled in one call at temperature 1 with the sampler tapped (the tap also shows the
 rows vLLM's async scheduler decodes past a request's end); then the batch forced both ways, each on a reset cache,
 and every rollout certified against what the tap recorded. One JSON line per forcing, by how the rollout ended.
-    python docs/gpu-h200/scripts/lease19_probe.py [--prompts 4] [--generations 8] [--max-tokens 256]"""
+    python docs/gpu-h200/scripts/lease19_probe.py [--prompts 4] [--generations 8] [--max-tokens 256] [--model M]
+(tests/test_credit_trl_vllm.py runs it on the stand-in engine.)"""
 import argparse
 import json
 import os
@@ -35,8 +36,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--generations", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--model", default="embedded:qwen2.5-coder-0.5b-instruct")
     a = parser.parse_args()
-    path = str(resolve_model("embedded:qwen2.5-coder-0.5b-instruct"))
+    path = str(resolve_model(a.model))
     wanted = {k: v for k, v in llm_settings().items() if k not in ("logprobs_mode", "logits_processors")}
     llm = LLM(model=path, gpu_memory_utilization=0.2, distributed_executor_backend="external_launcher", seed=0,
               max_num_batched_tokens=4096, logprobs_mode="processed_logprobs", logits_processors=[FORCING_PROCESSOR],
