@@ -14,7 +14,7 @@ import torch
 
 from replaylib.credit.inputs import BadInput
 from replaylib.credit.trl import CreditCallback
-from replaylib.credit.trl_vllm import SamplerTap, aligned, colocated_llm, raw_logprobs, vllm_for_credit
+from replaylib.credit.trl_vllm import SamplerTap, aligned, colocated_llm, per_position, raw_logprobs, vllm_for_credit
 from replaylib.measure.vllm_forcing import FORCING_PROCESSOR
 
 
@@ -76,7 +76,7 @@ def test_the_tap_keeps_each_sampled_token_s_raw_logprob_by_request_and_matches_t
     tokens = [g.argmax(-1).tolist() for g in given]
     completion_ids = torch.tensor([[tokens[0][0], tokens[1][0], tokens[2][0]], [tokens[1][1], tokens[2][1], 0]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
-    found = tap.per_token(completion_ids, mask)
+    found = per_position(tap.matched(completion_ids, mask), completion_ids.shape)
     assert found[0].tolist() == [raw[0][0, tokens[0][0]].item(), raw[1][0, tokens[1][0]].item(),
                                  raw[2][0, tokens[2][0]].item()]  # the raw logprob, not the processed one
     assert found[1].tolist() == [raw[1][1, tokens[1][1]].item(), raw[2][1, tokens[2][1]].item(), 0.0]
@@ -87,11 +87,11 @@ def test_the_tap_keeps_each_sampled_token_s_raw_logprob_by_request_and_matches_t
     # a rollout whose tokens were not sampled by the recorded requests: nothing to certify with
     other = completion_ids.clone()
     other[1, 0] = (other[1, 0] + 1) % 7
-    assert tap.per_token(other, mask) is None
-    assert tap.per_token(completion_ids[:1], mask[:1]) is None  # another number of requests than rollouts
+    assert tap.matched(other, mask) is None
+    assert tap.matched(completion_ids[:1], mask[:1]) is None  # another number of requests than rollouts
     for ids, *_ in tap.calls:  # a request not numbered as LLM.generate numbers them: nothing to match by
         ids[:] = ["request-of-another-kind" if r.startswith("1-") else r for r in ids]
-    assert tap.per_token(completion_ids, mask) is None
+    assert tap.matched(completion_ids, mask) is None
 
 
 def test_a_completion_is_found_after_the_rows_vllm_discards():

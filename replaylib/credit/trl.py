@@ -261,7 +261,7 @@ class CreditCallback(TrainerCallback):
     def budget(self, sampled_s: float) -> float | None:
         """This step's seconds for credit: budget_s, or budget_share of the training's own time so far (this
         step's sampling included) less what credit spent so far."""
-        if self.budget_s is not None or self.budget_share is None:
+        if self.bank() is None:
             return self.budget_s
         return max(0.0, self.bank() + self.budget_share * sampled_s)
 
@@ -329,7 +329,7 @@ class CreditCallback(TrainerCallback):
             settings = {"logprobs_temperature": float(trainer.args.temperature), "forcing": forcing, **self.settings}
             self.estimator = Estimator(model=trainer.accelerator.unwrap_model(trainer.model),
                                        tokenizer=trainer.processing_class, grader=grader, **settings)
-        self.estimator.waits = self.budget_share is not None and self.budget_s is None  # for its account to grow
+        self.estimator.waits = self.bank() is not None  # for its account to grow
         if self.reward is not None:  # the graded text's token ids, for the reward's completion_ids
             engine = self.estimator.executor.engine
             decode = engine.decode

@@ -219,10 +219,6 @@ class SamplerTap:
             rows.append((logprobs[at:at + len(want)], top[at:at + len(want)]))
         return rows
 
-    def per_token(self, completion_ids, completion_mask):
-        """per_position of what matched these rollouts."""
-        return per_position(self.matched(completion_ids, completion_mask), completion_ids.shape)
-
 
 def per_position(rows: list | None, shape) -> torch.Tensor | None:
     """SamplerTap.matched's rows as rows x positions of raw logprobs (0 past a rollout's end), the rollouts in

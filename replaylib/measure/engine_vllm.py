@@ -273,9 +273,6 @@ class VLLMEngine:
             raise RuntimeError(f"config '{self.config}': vLLM refused to reset its prefix cache ({why}): some blocks "
                                f"are still in use; the run stops rather than measure a stale cache")
 
-    def _preemption_count(self) -> int | None:
-        return preemption_count(self.llm)
-
     def _submit(self, requests: list[dict], params: list, synchronized: bool):
         """The outputs of one call, in request order. synchronized, on the multi-process engine: pause its
         scheduler (sleep level 0 keeps weights and cache: requests queue, nothing steps), queue every
@@ -292,12 +289,12 @@ class VLLMEngine:
 
     def _generate(self, prompts: list[list[int]], params: list, label: str, synchronized: bool = False):
         """One call; returns (outputs in request order, preemptions during it or None)."""
-        before = self._preemption_count()
+        before = preemption_count(self.llm)
         # plain Python ints: ids read back from Parquet are numpy.int64, and vLLM hashes the token ids of
         # its prefix-cache blocks as given, so numpy ids never match the trunk's blocks
         outs = self._submit([{"prompt_token_ids": ints(p)} for p in prompts], params, synchronized)
         progress.tokens(sum(len(c.token_ids) for o in outs for c in o.outputs), len(outs))
-        after = self._preemption_count()
+        after = preemption_count(self.llm)
         if len(outs) != len(prompts):
             raise RuntimeError(f"vLLM returned {len(outs)} outputs for {len(prompts)} requests ({label})")
         n = None if before is None or after is None else after - before

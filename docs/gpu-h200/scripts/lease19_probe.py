@@ -24,7 +24,7 @@ from replaylib.measure.credit_certificate import certificate  # noqa: E402
 from replaylib.measure.data import load_problems  # noqa: E402
 from replaylib.measure.models import resolve_model  # noqa: E402
 from replaylib.measure.vllm_batch_forcing import force_batch  # noqa: E402
-from replaylib.measure.vllm_forcing import FORCE_KEY, FORCING_PROCESSOR  # noqa: E402
+from replaylib.measure.vllm_forcing import FORCING_PROCESSOR, forced_params  # noqa: E402
 from replaylib.measure.vllm_given import engine_around, llm_settings  # noqa: E402
 
 INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -72,8 +72,8 @@ def main() -> None:
                       "rows decoded past a request's end, by how it ended": dict(decoded_past)}), flush=True)
 
     engine = engine_around(llm, raw_switched=True)
-    old = [SamplingParams(temperature=0.0, max_tokens=len(r), logprobs=WIDTH, ignore_eos=True, detokenize=False,
-                          extra_args={FORCE_KEY: r}) for r in responses]
+    # as lease 18 forced them: every request to its length, as though no response had stopped at a stop token
+    old = [forced_params(SamplingParams, p, r, WIDTH, set(), None, None) for p, r in zip(prompts, responses)]
     forcings = {"as sampled": lambda: force_batch(engine, prompts, responses, WIDTH)[0],
                 "each to its length": lambda: engine._trunk_call(0, prompts, [(i, 0) for i in range(len(prompts))],
                                                                 old, WIDTH, "forced to its length")[0]}
