@@ -249,14 +249,16 @@ class TrlLLM:
         outs = self.llm.generate(prompts, sampling_params, use_tqdm)
         ids = [f"{self.counter + i}-ab12cd34" for i in range(len(outs))]
         self.counter += len(outs)
-        steps = max(len(o.outputs[0].token_ids) for o in outs)
-        for step in range(steps):  # the sampler, once a step, over the requests still decoding
-            live = [i for i, o in enumerate(outs) if step < len(o.outputs[0].token_ids)]
+        # as vLLM's async scheduler: a request that stopped at a token is decoded one step more, its row discarded
+        rows = [len(o.outputs[0].token_ids) + (o.outputs[0].finish_reason == "stop") for o in outs]
+        for step in range(max(rows)):  # the sampler, once a step, over the requests still decoding
+            live = [i for i, n in enumerate(rows) if step < n]
+            at = [min(step, len(outs[i].outputs[0].token_ids) - 1) for i in live]
             self.runner.input_batch.req_ids = [ids[i] for i in live]
-            self.runner.sampler.sampled = [outs[i].outputs[0].token_ids[step] for i in live]
+            self.runner.sampler.sampled = [outs[i].outputs[0].token_ids[s] for i, s in zip(live, at)]
             logits = torch.full((len(live), VOCAB), -1e9, dtype=torch.float64)
-            for row, i in enumerate(live):
-                for token, entry in outs[i].outputs[0].logprobs[step].items():
+            for row, (i, s) in enumerate(zip(live, at)):
+                for token, entry in outs[i].outputs[0].logprobs[s].items():
                     logits[row, token] = entry.logprob
             self.runner.sampler(logits=logits, sampling_metadata=None)
         return outs
@@ -425,8 +427,13 @@ def test_lease_19_s_probe_certifies_a_batch_forced_as_sampled_where_forcing_each
     monkeypatch.setattr(sys, "argv", ["probe", "--prompts", "2", "--generations", "4", "--max-tokens", "40",
                                       "--model", str(tmp_path)])
     runpy.run_path(str(Path(__file__).parents[1] / "docs/gpu-h200/scripts/lease19_probe.py"), run_name="__main__")
-    sampled, as_sampled, to_length = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    sampled, as_sampled, again, to_length = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert set(sampled["ended"]) == {"stop", "length"}  # rollouts that stopped at EOS, and that ran out of tokens
-    assert {end: v["certificates"] for end, v in as_sampled.items() if end != "forcing"} == {
+    assert sampled["rows decoded past a request's end, by how it ended"] == {"stop": sampled["ended"]["stop"],
+                                                                             "length": 0}
+    assert {end: as_sampled[end]["certificates"] for end in sampled["ended"]} == {
         end: {"bit-exact": n} for end, n in sampled["ended"].items()}
+    assert as_sampled["schedule first differs at call"] is None  # each sampler call decoded the sampler's rollouts
+    assert {k: v for k, v in again.items() if k != "forcing"} == {k: v for k, v in as_sampled.items() if k != "forcing"}
+    assert to_length["schedule first differs at call"] > 0
     assert to_length["length"]["certificates"].get("differs") and min(to_length["length"]["first_diff"]) > 0

@@ -5,7 +5,8 @@
 # minutes after the parts (about 1 to 4):
 #   0. probe (lease19_probe.py): an LLM built as TRL builds its colocated one samples 4 prompts x 8 with the tap on,
 #      then the batch is forced as sampled and, as lease 18 forced it, each request to its length: the
-#      certificates of both, by how each rollout ended, and the rows vLLM decoded past a request's end.
+#      certificates of both, by how each rollout ended, the rows vLLM decoded past a request's end, and where each
+#      forcing's schedule (the rollouts each sampler call decoded) first left the sampler's.
 #   1. grpo_nobudget: 5 steps, every rollout measured on TRL's engine (--budget-share 1000): the certificates of the
 #      batch forced as sampled (lease 18: 122 of 128 'differs'), the sampler's blocks resumed, the verdict.
 #   2. grpo_share1: 20 steps at --budget-share 1.0: per-step metrics and the pooled verdict of a run that measures

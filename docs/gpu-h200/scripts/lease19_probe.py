@@ -3,8 +3,9 @@ with each request ending as it was sampled (the package's forcing since lease 18
 its length (the forcing lease 18 ran)? One vllm.LLM built as TRL 1.16 builds its colocated one (external_launcher,
 4096 batched tokens, processed logprobs) with what vllm_for_credit() adds; GSM8K problems 1000 on with the chat
 template, --generations each, sampled in one call at temperature 1 with the sampler tapped (the tap also shows the
-rows vLLM's async scheduler decodes past a request's end); then the batch forced both ways, each on a reset cache,
-and every rollout certified against what the tap recorded. One JSON line per forcing, by how the rollout ended.
+rows vLLM's async scheduler decodes past a request's end); then the batch forced as sampled (twice: is forcing itself
+repeatable?) and each request to its length, and every rollout certified against what the tap recorded. One JSON line per forcing, by how the rollout ended, with
+where its schedule (the rollouts each sampler call decoded) first left the sampler's.
     python docs/gpu-h200/scripts/lease19_probe.py [--prompts 4] [--generations 8] [--max-tokens 256] [--model M]
 (tests/test_credit_trl_vllm.py runs it on the stand-in engine.)"""
 import argparse
@@ -31,6 +32,17 @@ INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\
 WIDTH = 10  # the forced top-k: the tap's 5 and kernel.TIE_ROOM
 
 
+def schedule(tap: SamplerTap) -> list[list[int]]:
+    """Per sampler call, the rollouts it decoded, numbered from 0 within the generate call."""
+    calls = [[request_number(r) for r in ids] for ids, *_ in tap.calls]
+    first = min(n for call in calls for n in call)
+    return [sorted(n - first for n in call) for call in calls]
+
+
+def first_difference(a: list, b: list) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=4)
@@ -54,6 +66,7 @@ def main() -> None:
     llm.reset_prefix_cache()  # as after TRL's weight sync
     with tap.recording():
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    sampled_schedule = schedule(tap)
     responses = [list(o.outputs[0].token_ids) for o in outs]
     ended = [o.outputs[0].finish_reason for o in outs]
     width = max(map(len, responses))
@@ -74,12 +87,16 @@ def main() -> None:
     engine = engine_around(llm, raw_switched=True)
     # as lease 18 forced them: every request to its length, as though no response had stopped at a stop token
     old = [forced_params(SamplingParams, p, r, WIDTH, set(), None, None) for p, r in zip(prompts, responses)]
-    forcings = {"as sampled": lambda: force_batch(engine, prompts, responses, WIDTH)[0],
+    as_sampled = lambda: force_batch(engine, prompts, responses, WIDTH)[0]  # noqa: E731
+    forcings = {"as sampled": as_sampled, "as sampled, again": as_sampled,  # again: is forcing itself repeatable?
                 "each to its length": lambda: engine._trunk_call(0, prompts, [(i, 0) for i in range(len(prompts))],
                                                                 old, WIDTH, "forced to its length")[0]}
     with raw_logprobs(model_runner(llm)):
         for name, force in forcings.items():
-            trunks = force()
+            forced_tap = SamplerTap(model_runner(llm))
+            with forced_tap.recording():
+                trunks = force()
+            forced_schedule = schedule(forced_tap)
             by_end: dict = {}
             for (logprobs, top), trunk, end in zip(rows, trunks, ended):
                 cert = certificate(top, logprobs, trunk)
@@ -87,7 +104,9 @@ def main() -> None:
                 found["certificates"][cert["certificate"]] += 1
                 if cert["certificate_first_diff"] is not None:
                     found["first_diff"].append(cert["certificate_first_diff"])
-            print(json.dumps({"forcing": name, **{end: {"certificates": dict(v["certificates"]),
+            print(json.dumps({"forcing": name, "sampler calls": [len(sampled_schedule), len(forced_schedule)],
+                              "schedule first differs at call": first_difference(sampled_schedule, forced_schedule),
+                              **{end: {"certificates": dict(v["certificates"]),
                                                         "first_diff": sorted(v["first_diff"])}
                                                   for end, v in by_end.items()}}), flush=True)
 
