@@ -1,8 +1,10 @@
 #!/bin/bash
-# Lease 19 (planned): lease 18's GRPO runs again, after its findings: forced requests now end as they were sampled
-# (at their stop token, where vLLM's async scheduler decodes them a step more), certificates allow ties at the
-# top-k's lowest value, and credit's account pays its calibration back before it reads a batch again. About 10
-# minutes after the parts (about 1 to 4):
+# Lease 19 (as run, 2026-12-07, an H100, docs/gpu-h200.md): lease 18's GRPO runs again, after its findings: forced
+# requests now end as they were sampled (at their stop token, where vLLM's async scheduler decodes them a step more),
+# certificates allow ties at the top-k's lowest value, and credit's account pays its calibration back before it
+# reads a batch again. The chain took 11.5 minutes after the parts; the probe stopped at once on transformers 5's
+# apply_chat_template (a dict, mended since) and ran again by hand; after the chain, grpo_long (the default budget,
+# 300 steps) by hand. The steps (numbered 0 to 3):
 #   0. probe (lease19_probe.py): an LLM built as TRL builds its colocated one samples 4 prompts x 8 with the tap on,
 #      then the batch is forced as sampled and, as lease 18 forced it, each request to its length: the
 #      certificates of both, by how each rollout ended, the rows vLLM decoded past a request's end, and where each

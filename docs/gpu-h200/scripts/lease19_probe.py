@@ -57,9 +57,11 @@ def main() -> None:
               **wanted)
     tok = llm.get_tokenizer()
     problems = load_problems("gsm8k")[1000:1000 + a.prompts]
-    prompts = [tok.apply_chat_template([{"role": "user", "content": p.question + INSTRUCTION}],
-                                       add_generation_prompt=True, tokenize=True)
-               for p in problems for _ in range(a.generations)]
+    def chat(question):  # transformers 5 hands back a dict of input ids and attention mask
+        ids = tok.apply_chat_template([{"role": "user", "content": question + INSTRUCTION}],
+                                      add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    prompts = [chat(p.question) for p in problems for _ in range(a.generations)]
     params = [SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, max_tokens=a.max_tokens, logprobs=0)
               for _ in prompts]  # TRL's, one per request
     tap = SamplerTap(model_runner(llm))
