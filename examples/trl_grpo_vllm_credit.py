@@ -108,9 +108,10 @@ def main() -> None:
     with contextlib.nullcontext() if a.no_vllm else vllm_for_credit():
         trainer = GRPOTrainer(model=model, reward_funcs=[correct], args=args, train_dataset=dataset,
                               processing_class=tokenizer)
-    # every step; up to 2 pivots a rollout, 4 continuations per arm of up to 128 tokens, in the default budget
+    # every step; up to 2 pivots a rollout, 4 continuations per arm (each as long as a completion may be), in the
+    # default budget
     callback = CreditCallback(every=1, budget_share=a.budget_share, k=4, max_pivots_per_rollout=2,
-                              max_cont_tokens=128, forcing=a.forcing).attach(trainer)
+                              forcing=a.forcing).attach(trainer)
     trainer.add_callback(StepLog(out / "metrics.jsonl"))
     began = time.perf_counter()
     trainer.train()

@@ -124,17 +124,19 @@ def test_credit_s_account_pays_back_its_calibration_then_measures_within_its_sha
     now = [0.0]
     callback = CreditCallback(every=1, budget_share=0.1)
     callback.clock = lambda: now[0]
-    callback.estimator = SimpleNamespace(first_s=None, close=lambda: None)
+    callback.estimator = estimator = SimpleNamespace(first_s=None, close=lambda: None)
     calls = []
 
     def measure(out, inputs, step, budget_s):
         calls.append(step)
         if len(calls) == 1:  # the calibration: afterwards, a rollout is priced
             now[0] += 5.4
-            callback.estimator.first_s = 0.66
+            estimator.first_s, estimator.calibrating_s, estimator.computing_s = 0.66, 5.4, 0.0
             return {"rollouts": 0.0}
-        now[0] += 0.15 + (0.66 if budget_s >= 0.66 else 0.0)
-        return {"rollouts": float(budget_s >= 0.66)}
+        measures = budget_s >= 0.66
+        estimator.calibrating_s, estimator.computing_s = 0.0, 0.66 * measures
+        now[0] += 0.15 + estimator.computing_s
+        return {"rollouts": float(measures)}
 
     callback.measure = measure
     trainer = FakeTrainer(now, sampling_s=0.5)
@@ -149,6 +151,36 @@ def test_credit_s_account_pays_back_its_calibration_then_measures_within_its_sha
     assert logged["credit/share_total"][-1] <= 0.1 + 0.81 / 150  # within its share, but for the last rollout's cost
     said = [r.getMessage() for r in caplog.records if "no rollout fitted its account" in r.getMessage()]
     assert len(said) == 1 and "its calibration included" in said[0]
+
+
+def test_a_step_credit_can_afford_measures_a_rollout_though_batches_price_their_first_differently():
+    """As on the GPU at the default budget (lease 19): steps of 1.5 s of the training's own, the tap and reading a
+    batch 0.3 s, a batch's first rollout priced 0.39 to 0.49 s. Were a step measured once the account held the last
+    batch's first rollout, a dearer first rollout would not fit, and the 0.3 s would buy nothing (14 of 42
+    measured steps there). The account waits for the dearest first rollout of recent batches and the reading."""
+    now = [0.0]
+    callback = CreditCallback(every=1, budget_share=0.1)
+    callback.clock = lambda: now[0]
+    callback.estimator = estimator = SimpleNamespace(first_s=None, calibrating_s=0.0, computing_s=0.0,
+                                                     close=lambda: None)
+    prices = [0.39, 0.49, 0.41, 0.47, 0.44, 0.49, 0.39, 0.45]  # each batch's first rollout
+    measured = []
+
+    def measure(out, inputs, step, budget_s):
+        estimator.first_s = prices[len(measured) % len(prices)]
+        budget_s -= 0.3  # reading and pricing the batch
+        estimator.computing_s = estimator.first_s if estimator.first_s <= budget_s else 0.0
+        now[0] += 0.3 + estimator.computing_s
+        measured.append(bool(estimator.computing_s))
+        return {"rollouts": float(measured[-1])}
+
+    callback.measure = measure
+    trainer = FakeTrainer(now, sampling_s=0.5)
+    callback.attach(trainer)
+    for _ in range(300):
+        trainer.step(callback, rest_s=1.0, clock=now)
+    assert len(measured) > 20 and all(measured[1:])  # the first: nothing priced yet, a budget of 0.15 s
+    assert trainer._metrics["train"]["credit/share_total"][-1] <= 0.1 + 0.8 / 450
 
 
 def test_a_failure_reading_what_the_sampler_recorded_is_a_skipped_step_too(caplog):
@@ -321,7 +353,8 @@ def test_a_grpo_run_whose_credit_fails_trains_on_with_one_warning(tmp_path, capl
 def test_a_grpo_step_sampling_two_prompts_in_one_padded_generate_batch_is_certified_bit_exact(tmp_path):
     """TRL's transformers path samples a step's 2 prompts x 4 generations in one left-padded generate call and
     keeps no logprobs of it: the callback records the sampled tokens' logprobs as generate samples them, and
-    forces the batch as generate batched it; every rollout of both prompts is bit-exact."""
+    forces the batch as generate batched it; every rollout of both prompts is bit-exact. Its continuations are as
+    long as the trainer's completions may be."""
     import torch
     import trl_grpo_credit as example
     from datasets import Dataset
@@ -340,9 +373,12 @@ def test_a_grpo_step_sampling_two_prompts_in_one_padded_generate_batch_is_certif
                       use_vllm=False, beta=0.0, temperature=1.0, seed=0, dataloader_num_workers=0, disable_tqdm=True)
     trainer = GRPOTrainer(model=model, reward_funcs=[example.correct], args=args,
                           train_dataset=Dataset.from_list(dataset), processing_class=tokenizer)
-    CreditCallback(every=1, budget_share=None, strict=True, k=1, margin=50.0, max_pivots_per_rollout=1,
-                   max_cont_tokens=2).attach(trainer)
+    callback = CreditCallback(every=1, budget_share=None, strict=True, k=1, margin=50.0,
+                              max_pivots_per_rollout=1).attach(trainer)
+    lengths, start = [], callback.start
+    callback.start = lambda: (start(), lengths.append(callback.estimator.settings.max_cont_tokens))
     trainer.train()
+    assert lengths == [8]  # the trainer's max_completion_length
     pivots = [json.loads(line) for line in (tmp_path / "credit" / "pivots.jsonl").read_text().splitlines()]
     assert len({p["id"] for p in pivots}) == 8 and len({p["prompt"] for p in pivots}) == 2
     assert {p["certificate"] for p in pivots} == {"bit-exact"}, [(p["id"], p["certificate"]) for p in pivots]

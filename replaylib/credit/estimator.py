@@ -93,6 +93,8 @@ class Estimator:
         self.progress = progress  # a progress bar per call (off: a trainer's loop draws its own)
         self.cost = None  # what a batch will take: calibrated on the first batch, then from the groups measured
         self.first_s = None  # the last batch's first rollout, priced: the least a call measures
+        self.computing_s = 0.0  # the last call's seconds computing, and calibrating: the rest is reading, pricing
+        self.calibrating_s = 0.0  # and summing up
         self.waits = False  # its caller waits for its budget to grow (CreditCallback's account): no fit, no warning
         self.warn = Once(warn)
 
@@ -133,8 +135,11 @@ class Estimator:
             rollouts = rollouts[:first]
             inputs = {"groups": groups_of(rollouts), "path": source}
         with self._evaluating():
+            self.computing_s = self.calibrating_s = 0.0
             if self.cost is None:
+                calibrating = time.perf_counter()
                 self.cost = Cost(self.settings, self.executor.call(calibrate, self.settings, inputs["groups"][0]))
+                self.calibrating_s = time.perf_counter() - calibrating
             chosen = rollouts
             self.first_s = self.cost(groups_of(rollouts[:1])) if rollouts else None
             if budget_s is not None:
@@ -146,7 +151,8 @@ class Estimator:
             if chosen:
                 computing = time.perf_counter()
                 computed = compute_groups(self.settings, inputs, self.executor, show=self.progress)
-                self.cost.update(inputs["groups"], time.perf_counter() - computing)
+                self.computing_s = time.perf_counter() - computing
+                self.cost.update(inputs["groups"], self.computing_s)
         if chosen:
             frame, _, self.summary = results(self.settings, inputs, computed, len(chosen), self.described,
                                              say=self.warn)

@@ -28,6 +28,7 @@ intervals and the verdict, are logged beside each step's numbers; every pivot is
 ``<output_dir>/credit/pivots.jsonl``."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -189,6 +190,8 @@ class CreditCallback(TrainerCallback):
         self.spent_total = 0.0  # credit's seconds so far
         self.llm, self.tap = None, None  # TRL's colocated vLLM engine, when credit forces through it
         self.blocks = None  # whether the blocks its sampling wrote are still in its prefix cache
+        self.first_prices = collections.deque(maxlen=8)  # recent batches' first rollouts, priced
+        self.overhead_s = 0.0  # the last measured step's seconds besides computing
         self.verdict = None
 
     def attach(self, trainer) -> "CreditCallback":
@@ -206,7 +209,8 @@ class CreditCallback(TrainerCallback):
             if due:
                 self.measured.add(step)
             if measuring:
-                self.log(self.run(out, inputs, step, self.budget(self.clock() - began), recorder))
+                sampled_s, tapped_s = self.clock() - began, getattr(recorder, "seconds", 0.0)
+                self.log(self.run(out, inputs, step, self.budget(sampled_s, tapped_s), recorder))
             elif due:  # nothing read, recorded or run: the account grows by the step's share
                 self.log({"bank_s": self.bank()})
             return out
@@ -258,12 +262,13 @@ class CreditCallback(TrainerCallback):
         return not (getattr(trainer, "use_vllm", False) or getattr(trainer, "use_transformers_continuous_batching",
                                                                     False))
 
-    def budget(self, sampled_s: float) -> float | None:
+    def budget(self, sampled_s: float, tapped_s: float = 0.0) -> float | None:
         """This step's seconds for credit: budget_s, or budget_share of the training's own time so far (this
-        step's sampling included) less what credit spent so far."""
+        step's sampling included) less what credit spent so far; either less what the tap already took of it while
+        the sampler ran (tapped_s, inside sampled_s)."""
         if self.bank() is None:
-            return self.budget_s
-        return max(0.0, self.bank() + self.budget_share * sampled_s)
+            return None if self.budget_s is None else max(0.0, self.budget_s - tapped_s)
+        return max(0.0, self.bank() + self.budget_share * (sampled_s - tapped_s) - tapped_s)
 
     def bank(self) -> float | None:
         """Credit's account with a budget_share: that share of the training's own time so far, less every second
@@ -272,11 +277,20 @@ class CreditCallback(TrainerCallback):
             return None
         return self.budget_share * self.own_s - self.spent_total
 
+    def least(self) -> float | None:
+        """What a step that measures anything costs, at most: a batch's first rollout, at the dearest a recent
+        batch priced it, and what the last step spent besides computing (the tap, reading and pricing the batch,
+        summing up). None before the first batch."""
+        if not self.first_prices:
+            return None
+        return max(self.first_prices) + self.overhead_s
+
     def affordable(self) -> bool:
-        """Whether credit's account holds what its cheapest measurement costs: a batch's first rollout, as the last
-        batch priced it. Before its first batch (its calibration), and without a budget_share, it does. A step
-        that cannot afford it costs nothing: the sampler is not tapped, the batch not read."""
-        least = getattr(self.estimator, "first_s", None)
+        """Whether credit's account holds what a step that measures a rollout costs (least). Before its first
+        batch (its calibration), and without a budget_share, it does. A step that cannot afford it costs nothing:
+        the sampler is not tapped, the batch not read; one that can measures a rollout, the dearest first
+        rollout of recent batches allowing."""
+        least = self.least()
         return self.bank() is None or least is None or self.bank() >= least
 
     def run(self, out: dict, inputs: list[dict], step: int, budget_s: float | None, recorder=None) -> dict:
@@ -296,12 +310,15 @@ class CreditCallback(TrainerCallback):
             metrics = {"skipped": 1.0}
         self.spent = self.clock() - started + getattr(recorder, "seconds", 0.0)
         self.spent_total += self.spent
-        least = getattr(self.estimator, "first_s", None)
+        if getattr(self.estimator, "first_s", None) is not None and not metrics["skipped"]:
+            self.first_prices.append(self.estimator.first_s)
+            self.overhead_s = self.spent - self.estimator.computing_s - self.estimator.calibrating_s
+        least = self.least()
         if metrics.get("rollouts") == 0 and self.bank() is not None and least is not None:
             self.waiting(f"credit: no rollout fitted its account ({self.bank():+.2f} s: budget_share "
                          f"{self.budget_share} of the training's own time so far, less the {self.spent_total:.2f} s "
-                         f"credit spent, its calibration included); it measures again once the account holds a "
-                         f"rollout's estimated cost ({least:.2f} s)")
+                         f"credit spent, its calibration included); it measures again once the account holds what a "
+                         f"step measuring one rollout costs ({least:.2f} s)")
         return {**metrics, "seconds": self.spent, "budget_s": budget_s, "bank_s": self.bank()}
 
     def log(self, metrics: dict) -> None:
@@ -320,13 +337,16 @@ class CreditCallback(TrainerCallback):
         # the step's rows forced as the sampler batched them: generate's left-padded batch, or vLLM's one call
         forcing = "batch" if (self.llm is not None or self.generates()) and not self.settings.get("invariant") \
             else "groups"
+        # continuations as long as the trainer lets a completion run, so a continuation ends where a rollout could
+        length = getattr(trainer.args, "max_completion_length", None)
+        defaults = {"forcing": forcing, **({"max_cont_tokens": int(length)} if length else {})}
         if self.llm is not None:  # TRL's engine, its sampler switched to raw logprobs while credit runs
             from ..measure.vllm_given import engine_around
             engine = engine_around(self.llm, self.settings.get("invariant", False), raw_switched=True)
-            self.estimator = Estimator(engine=engine, grader=grader, **{"forcing": forcing, **self.settings,
+            self.estimator = Estimator(engine=engine, grader=grader, **{**defaults, **self.settings,
                                                                         "logprobs_temperature": 1.0})
         else:
-            settings = {"logprobs_temperature": float(trainer.args.temperature), "forcing": forcing, **self.settings}
+            settings = {"logprobs_temperature": float(trainer.args.temperature), **defaults, **self.settings}
             self.estimator = Estimator(model=trainer.accelerator.unwrap_model(trainer.model),
                                        tokenizer=trainer.processing_class, grader=grader, **settings)
         self.estimator.waits = self.bank() is not None  # for its account to grow
