@@ -1,7 +1,8 @@
 #!/bin/bash
-# Lease 20 (planned, the rest of lease 19's session time): the GRPO example as it now ships, in the default budget:
-# continuations as long as the trainer's completions (lease 19's were cut at 128 tokens) and an account that reads
-# a batch only once it can pay for a rollout and the reading (lease 19: 14 of 42 reads measured nothing).
+# Lease 20 (as run, 2026-12-07, an H100, in the 413 s lease 19's session had left; docs/gpu-h200.md): the GRPO
+# example as it then shipped, in the default budget: continuations as long as the trainer's completions (lease 19's
+# were cut at 128 tokens) and an account that reads a batch only once it can pay for a rollout and the reading
+# (lease 19: 14 of 42 reads measured nothing). The device time ran out at step 68 of 100.
 #   grpo_default: examples/trl_grpo_vllm_credit.py --steps 100, nothing else given.
 #   lease20.sh parts        copy the parts this call carried under /tmp; the first call also starts the chain
 #   lease20.sh poll SECS    wait up to SECS for the chain's end; report; pack the logs and the run's outputs
