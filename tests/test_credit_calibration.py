@@ -57,6 +57,30 @@ def test_the_estimate_is_what_the_plan_costs_on_an_engine_of_fixed_and_per_step_
     assert estimate_line(groups, [0, 1, 2], settings, measured).startswith("estimate: about ")
 
 
+class JitteryEngine(TimedEngine):
+    """A GPU's passes: one call decodes every pivot at once, 0.3 s of fixed cost with a jitter of up to 0.05 s
+    (here the 2-step pass is slower than the 8-step one), 7 ms a step."""
+
+    JITTER = [0.05, 0.0, 0.02, -0.02, 0.01, 0.03]
+
+    def run_pass(self, jobs, pass_name, settings, state):
+        self.calls = getattr(self, "calls", -1) + 1
+        jitter = self.JITTER[self.calls % len(self.JITTER)]
+        self.now += self._first("pass") + 0.3 + jitter + 0.007 * settings.max_tokens
+
+
+@pytest.mark.parametrize("max_cont_tokens", [16, 256])
+def test_the_calibration_lengthens_its_pass_until_the_steps_cost_shows_through_the_jitter(max_cont_tokens):
+    """Lease 20 (an H100, 256-token continuations): the first batch was estimated at 1.33 s and took 11.2 s, the
+    2- and 8-step passes timing mostly the call's fixed cost. Lengthened until the steps show, the estimate of a
+    pass at the continuation length is within 10% of its cost."""
+    settings = Settings(model="m", grader="gsm8k", k=4, max_pivots_per_rollout=2, max_cont_tokens=max_cont_tokens)
+    engine = JitteryEngine()
+    fixed, per_step = calibrate(engine, settings, group(3, 250), clock=engine.clock)["pass"]
+    truth = 0.3 + 0.007 * max_cont_tokens
+    assert fixed + per_step * max_cont_tokens == pytest.approx(truth, rel=0.1)
+
+
 def test_a_fit_is_never_below_zero_and_one_length_is_all_per_step():
     assert fit((4, 16), (2.0, 1.0)) == (1.0, 0.0)  # noise: the longer call was faster
     assert fit((4, 16), (0.1, 1.3)) == pytest.approx((0.0, 0.1))

@@ -14,7 +14,8 @@ from .diagnostics import planned_pivots
 from .kernel import groups_of, sampler_blocks_resident
 
 FORCED_STEPS = (4, 16)  # tokens of each response forced, the two calls
-DECODE_STEPS = (2, 8)  # continuation tokens of the two passes
+DECODE_STEPS = (2, 8)  # continuation tokens of the two passes (the longer lengthened while SIGNAL is not met)
+SIGNAL = 2.0  # the longer pass takes at least this many times the shorter: its extra steps outweigh the jitter
 
 
 def fit(steps: tuple[int, int], seconds: tuple[float, float]) -> tuple[float, float]:
@@ -61,8 +62,16 @@ def calibrate(engine, settings, group: list, clock=time.perf_counter) -> dict:
         return timed(lambda: engine.run_pass(jobs, "exact1", one, state))[0]
 
     one_pass(1)  # warm-up
-    steps = tuple(min(n, settings.max_cont_tokens) for n in DECODE_STEPS)
-    return {"forced": forced, "pass": fit(steps, tuple(one_pass(n) for n in steps)), "pivots": len(jobs)}
+    cap = settings.max_cont_tokens
+    short, long = (min(n, cap) for n in DECODE_STEPS)
+    t_short, t_long = one_pass(short), one_pass(long)
+    # where a call's fixed cost hides its steps' (a GPU: a few steps cost less than the call's jitter), the longer
+    # pass is lengthened until its steps show, or it runs the whole continuation length (whose cost it then is)
+    while t_long < SIGNAL * t_short and long < cap:
+        long = min(4 * long, cap)
+        t_long = one_pass(long)
+    return {"forced": forced, "pass": fit((short, long), (t_short, t_long)), "pivots": len(jobs),
+            "pass_steps": (short, long)}
 
 
 def forced_length(group: list) -> int:
@@ -92,7 +101,7 @@ def estimate_line(groups: list[list], todo: list[int], settings, measured: dict)
     total, per_pivot = estimate(groups, todo, settings, measured)
     return (f"estimate: about {_duration(total)} for {len(todo)} groups with every continuation at "
             f"--max-cont-tokens ({per_pivot:.2f} s of passes a pivot; from a calibration on the first group: "
-            f"{measured['pivots']} pivots at {' and '.join(map(str, DECODE_STEPS))} continuation tokens, its "
+            f"{measured['pivots']} pivots at {' and '.join(map(str, measured.get('pass_steps', DECODE_STEPS)))} continuation tokens, its "
             f"responses forced {' and '.join(map(str, FORCED_STEPS))} tokens, after a warm-up)")
 
 
