@@ -32,9 +32,10 @@ def summary(out: Path) -> str:
              f"[{last.get('credit/pooled_floor_lo')}, {last.get('credit/pooled_floor_hi')}], refeed "
              f"{last.get('credit/pooled_refeed')} [{last.get('credit/pooled_refeed_lo')}, "
              f"{last.get('credit/pooled_refeed_hi')}], verdict value {last.get('credit/refeed_above_floor')}",
-             f"  per step (step, wall s, credit s, budget s, rollouts, share): " + "; ".join(
+             f"  per step (step, wall s, credit s, budget s, estimated s, rollouts, share): " + "; ".join(
                  f"{s['step']} {s['wall_s']:.1f} {s['credit/seconds']:.1f} {s.get('credit/budget_s', 0):.1f} "
-                 f"{s.get('credit/rollouts', 0):.0f} {s.get('credit/share', 0):.3f}" for s in steps)]
+                 f"{s.get('credit/estimated_s', 0):.2f} {s.get('credit/rollouts', 0):.0f} "
+                 f"{s.get('credit/share', 0):.3f}" for s in steps)]
     return "\n".join(lines)
 
 

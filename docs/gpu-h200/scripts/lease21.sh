@@ -1,0 +1,39 @@
+#!/bin/bash
+# Lease 21 (planned): the GRPO example as it ships, after lease 20: the calibration lengthens its longer pass until
+# the steps' cost shows (lease 20: 7 rollouts priced at 1.33 s took 11.2 s), and until a measured group has scaled
+# the price a budgeted step measures one rollout. About 13 minutes after the parts (about 1 to 4):
+#   1. grpo_default: examples/trl_grpo_vllm_credit.py --steps 300, nothing else given: the first measured step's
+#      price against its cost (estimated_s, seconds), the share, the rollouts and common pivots, the verdict.
+#   2. grpo_share1: 20 steps at --budget-share 1.0: forced batches certified with continuations of 256 tokens.
+#   lease21.sh parts        copy the parts this call carried under /tmp; the first call also starts the chain
+#   lease21.sh poll SECS    wait up to SECS for the chain's end; report; pack the logs and the runs' outputs
+# Parts: as lease 19's (lease17.parts). Numbers: lease17_numbers.py on the runs.
+L=/tmp/logs; mkdir -p $L
+HERE=$(cd "$(dirname "$0")" && pwd)
+source $HERE/chainlib.sh
+source $HERE/lease17.parts  # N_* and *_SHA of the parts
+RUNS="grpo_default grpo_share1"
+case $1 in
+parts)
+  put_parts q
+  start_chain docs/gpu-h200/scripts/lease21.sh
+  echo "parts: wheelhouse $(ls /tmp/whp 2>/dev/null | wc -l)/$N_WH extra $(ls /tmp/xp 2>/dev/null | wc -l)/$N_X" \
+    "qwen $(ls /tmp/qp 2>/dev/null | wc -l)/$N_Q; $(tail -1 $L/progress 2>/dev/null)";;
+chain)
+  chain_prologue
+  wait_for /tmp/qp $N_Q; checked "/tmp/qp/*" $Q_SHA || fail "qwen parts"
+  mkdir -p /tmp/gg && cat /tmp/qp/* > /tmp/gg/qwen.gguf && rm -rf /tmp/qp
+  step convert_qwen 600 python3 -m replaylib.models fetch qwen2.5-coder-0.5b-instruct --gguf /tmp/gg/qwen.gguf ||
+    fail "qwen conversion"
+  step grpo_default 900 env MASTER_PORT=29616 python3 examples/trl_grpo_vllm_credit.py --out /tmp/grpo_default --steps 300
+  step grpo_share1 600 env MASTER_PORT=29617 python3 examples/trl_grpo_vllm_credit.py --out /tmp/grpo_share1 --steps 20 \
+    --budget-share 1.0
+  chain_epilogue;;
+poll)
+  poll_and_pack ${2:-60}
+  for r in $RUNS; do [ -f $L/$r.log ] && { echo "--- $r"; grep -E "Traceback|Error|credit: |train_s" $L/$r.log |
+    tail -5 | cut -c1-400; }; [ -f /tmp/$r/metrics.jsonl ] && echo "$r: $(grep -c credit/bank_s /tmp/$r/metrics.jsonl) steps"; done
+  kept=$(cd /tmp && ls -d grpo_*/metrics.jsonl grpo_*/credit 2>/dev/null)
+  [ -n "$OUT" ] && [ -n "$kept" ] && tar -czf $OUT/grpo.tgz -C /tmp $kept;;
+*) echo "usage: lease21.sh parts|poll SECS"; exit 2;;
+esac
