@@ -62,3 +62,13 @@ poll_and_pack() { local t0; t0=$(date +%s)
     done
     du -sh /tmp/rl /tmp/rlhf 2>/dev/null; ls -la $OUT
   fi; }
+# Leases 21 on, with Qwen's GGUF among the parts (.whl/qNN):
+#   qwen_parts_call SCRIPT  a parts call: its parts put, the chain `SCRIPT chain` started once, the counts so far
+#   qwen_from_parts         in the chain: Qwen's parts checked, joined and converted to the embedded model
+qwen_parts_call() { put_parts q; start_chain $1
+  echo "parts: wheelhouse $(ls /tmp/whp 2>/dev/null | wc -l)/$N_WH extra $(ls /tmp/xp 2>/dev/null | wc -l)/$N_X" \
+    "qwen $(ls /tmp/qp 2>/dev/null | wc -l)/$N_Q; $(tail -1 $L/progress 2>/dev/null)"; }
+qwen_from_parts() { wait_for /tmp/qp $N_Q; checked "/tmp/qp/*" $Q_SHA || fail "qwen parts"
+  mkdir -p /tmp/gg && cat /tmp/qp/* > /tmp/gg/qwen.gguf && rm -rf /tmp/qp
+  step convert_qwen 600 python3 -m replaylib.models fetch qwen2.5-coder-0.5b-instruct --gguf /tmp/gg/qwen.gguf ||
+    fail "qwen conversion"; }

@@ -14,17 +14,10 @@ source $HERE/chainlib.sh
 source $HERE/lease17.parts  # N_* and *_SHA of the parts
 RUNS="grpo_default grpo_share1"
 case $1 in
-parts)
-  put_parts q
-  start_chain docs/gpu-h200/scripts/lease21.sh
-  echo "parts: wheelhouse $(ls /tmp/whp 2>/dev/null | wc -l)/$N_WH extra $(ls /tmp/xp 2>/dev/null | wc -l)/$N_X" \
-    "qwen $(ls /tmp/qp 2>/dev/null | wc -l)/$N_Q; $(tail -1 $L/progress 2>/dev/null)";;
+parts) qwen_parts_call docs/gpu-h200/scripts/lease21.sh;;
 chain)
   chain_prologue
-  wait_for /tmp/qp $N_Q; checked "/tmp/qp/*" $Q_SHA || fail "qwen parts"
-  mkdir -p /tmp/gg && cat /tmp/qp/* > /tmp/gg/qwen.gguf && rm -rf /tmp/qp
-  step convert_qwen 600 python3 -m replaylib.models fetch qwen2.5-coder-0.5b-instruct --gguf /tmp/gg/qwen.gguf ||
-    fail "qwen conversion"
+  qwen_from_parts
   step grpo_default 900 env MASTER_PORT=29616 python3 examples/trl_grpo_vllm_credit.py --out /tmp/grpo_default --steps 300
   step grpo_share1 600 env MASTER_PORT=29617 python3 examples/trl_grpo_vllm_credit.py --out /tmp/grpo_share1 --steps 20 \
     --budget-share 1.0
