@@ -98,6 +98,20 @@ def test_an_estimator_takes_the_rollouts_its_budget_fits_logs_its_estimate_and_w
         assert [numbers_out(s) for s in said].count(numbers_out(f"warning: {line}")) == 1, (line, said)
 
 
+def test_a_prudent_estimator_measures_one_rollout_until_a_measured_group_has_scaled_its_price(rows, tiny_model_dir):
+    """Lease 20: priced by the calibration alone, 7 rollouts fitted a budget of 1.37 s and took 11.2 s. A prudent
+    estimator (CreditCallback's) takes one rollout while no measured group has scaled the price (the fake
+    calibration of the test above: 6 s a rollout), then what the budget fits."""
+    with Estimator(model=tiny_model_dir, grader=reward, **FAST) as estimator:
+        estimator.prudent = True
+        estimator.cost = Cost(estimator.settings, {"forced": (0.0, 0.0), "pass": (1.0, 0.0), "pivots": 1})
+        estimator(trl_batch(rows), budget_s=15.0)
+        assert estimator.summary["rollouts"] == 1 and estimator.cost.groups == 1
+        estimator.cost.took = estimator.cost.estimated  # as if the group took what it was priced at
+        estimator(trl_batch(rows), budget_s=15.0)
+        assert estimator.summary["rollouts"] == 2
+
+
 def test_estimate_on_a_trl_batch_with_a_trl_reward_function_returns_a_per_pass(rows, tiny_model_dir, tmp_path,
                                                                                 monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))

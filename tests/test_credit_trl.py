@@ -183,38 +183,6 @@ def test_a_step_credit_can_afford_measures_a_rollout_though_batches_price_their_
     assert trainer._metrics["train"]["credit/share_total"][-1] <= 0.1 + 0.8 / 450
 
 
-def test_while_only_the_calibration_prices_a_rollout_a_budgeted_step_measures_one():
-    """Lease 20: priced by the calibration alone, 7 rollouts fitted a budget of 1.37 s and took 11.2 s. Until a
-    measured group has scaled the price, a step with a budget measures one rollout; then what the budget fits (or
-    the callback's sample); without a budget, every rollout."""
-    import pandas as pd
-    import torch
-    rows = [{"prompt": "What is 1 + 2?", "answer": "3"}] * 2
-    out = {"prompt_ids": torch.tensor([[5, 6], [5, 6]]), "prompt_mask": torch.ones(2, 2, dtype=torch.long),
-           "completion_ids": torch.tensor([[7, 8], [9, 8]]), "completion_mask": torch.ones(2, 2, dtype=torch.long)}
-    firsts = []
-
-    class Estimator:
-        cost, settings = None, SimpleNamespace(forcing="groups")
-
-        def __call__(self, batch, budget_s=None, first=None, resident=None):
-            firsts.append(first)
-            return pd.DataFrame()
-
-        def metrics(self, prefix):
-            return {"seconds": 0.0, "budget_s": 1.0}
-
-    callback = CreditCallback(every=1, sample=5)
-    callback.estimator = Estimator()
-    callback.measure(out, rows, step=1, budget_s=1.37)  # the calibration's step
-    callback.estimator.cost = SimpleNamespace(groups=0)
-    callback.measure(out, rows, step=2, budget_s=1.37)
-    callback.estimator.cost = SimpleNamespace(groups=1)
-    callback.measure(out, rows, step=3, budget_s=1.37)
-    callback.measure(out, rows, step=4, budget_s=None)
-    assert firsts == [1, 1, 5, 5]
-
-
 def test_a_failure_reading_what_the_sampler_recorded_is_a_skipped_step_too(caplog):
     now = [0.0]
     callback = CreditCallback(every=1, budget_share=None)
@@ -407,10 +375,11 @@ def test_a_grpo_step_sampling_two_prompts_in_one_padded_generate_batch_is_certif
                           train_dataset=Dataset.from_list(dataset), processing_class=tokenizer)
     callback = CreditCallback(every=1, budget_share=None, strict=True, k=1, margin=50.0,
                               max_pivots_per_rollout=1).attach(trainer)
-    lengths, start = [], callback.start
-    callback.start = lambda: (start(), lengths.append(callback.estimator.settings.max_cont_tokens))
+    started, start = [], callback.start
+    callback.start = lambda: (start(), started.append((callback.estimator.settings.max_cont_tokens,
+                                                       callback.estimator.prudent)))
     trainer.train()
-    assert lengths == [8]  # the trainer's max_completion_length
+    assert started == [(8, True)]  # the trainer's max_completion_length; a budget overrun by one rollout at most
     pivots = [json.loads(line) for line in (tmp_path / "credit" / "pivots.jsonl").read_text().splitlines()]
     assert len({p["id"] for p in pivots}) == 8 and len({p["prompt"] for p in pivots}) == 2
     assert {p["certificate"] for p in pivots} == {"bit-exact"}, [(p["id"], p["certificate"]) for p in pivots]

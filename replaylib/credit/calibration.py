@@ -101,7 +101,8 @@ def estimate_line(groups: list[list], todo: list[int], settings, measured: dict)
     total, per_pivot = estimate(groups, todo, settings, measured)
     return (f"estimate: about {_duration(total)} for {len(todo)} groups with every continuation at "
             f"--max-cont-tokens ({per_pivot:.2f} s of passes a pivot; from a calibration on the first group: "
-            f"{measured['pivots']} pivots at {' and '.join(map(str, measured.get('pass_steps', DECODE_STEPS)))} continuation tokens, its "
+            f"{measured['pivots']} pivots at {' and '.join(map(str, measured.get('pass_steps', DECODE_STEPS)))} "
+            f"continuation tokens, its "
             f"responses forced {' and '.join(map(str, FORCED_STEPS))} tokens, after a warm-up)")
 
 

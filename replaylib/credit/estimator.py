@@ -93,9 +93,12 @@ class Estimator:
         self.progress = progress  # a progress bar per call (off: a trainer's loop draws its own)
         self.cost = None  # what a batch will take: calibrated on the first batch, then from the groups measured
         self.first_s = None  # the last batch's first rollout, priced: the least a call measures
-        self.computing_s = 0.0  # the last call's seconds computing, and calibrating: the rest is reading, pricing
-        self.calibrating_s = 0.0  # and summing up
+        self.computing_s = 0.0  # the last call's seconds computing its groups
+        self.calibrating_s = 0.0  # and calibrating (the rest: reading, pricing, summing up)
         self.waits = False  # its caller waits for its budget to grow (CreditCallback's account): no fit, no warning
+        # while only the calibration prices a rollout, a call with a budget measures one: a price far off then
+        # overruns the budget by one rollout at most (CreditCallback's)
+        self.prudent = False
         self.warn = Once(warn)
 
     @contextlib.contextmanager
@@ -145,6 +148,8 @@ class Estimator:
             if budget_s is not None:
                 budget_s = max(0.0, budget_s - (time.perf_counter() - started))  # the calibration spent some
                 chosen = rollouts[:self.cost.fitting(rollouts, budget_s)]
+                if self.prudent and not self.cost.groups:
+                    chosen = chosen[:1]
                 inputs = {"groups": groups_of(chosen), "path": source}
             estimated = self.cost(inputs["groups"])
             log.info(self.estimate_line(len(chosen), len(rollouts), inputs["groups"], estimated, budget_s))

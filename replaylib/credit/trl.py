@@ -350,6 +350,7 @@ class CreditCallback(TrainerCallback):
             self.estimator = Estimator(model=trainer.accelerator.unwrap_model(trainer.model),
                                        tokenizer=trainer.processing_class, grader=grader, **settings)
         self.estimator.waits = self.bank() is not None  # for its account to grow
+        self.estimator.prudent = True  # a step's budget overrun by one rollout at most
         if self.reward is not None:  # the graded text's token ids, for the reward's completion_ids
             engine = self.estimator.executor.engine
             decode = engine.decode
@@ -401,10 +402,8 @@ class CreditCallback(TrainerCallback):
             self.start()
         # on TRL's engine, the blocks its sampling wrote are resumed while they are still cached
         resident = self.blocks.gone if self.tap is not None and self.estimator.settings.forcing == "batch" else None
-        first = self.sample
-        if budget_s is not None and not getattr(self.estimator.cost, "groups", 0):
-            first = 1  # priced by the calibration alone, a rollout may cost far more: the budget overrun is one
-        frame = self.estimator(self.batch(out, inputs, step), budget_s=budget_s, first=first, resident=resident)
+        frame = self.estimator(self.batch(out, inputs, step), budget_s=budget_s, first=self.sample,
+                               resident=resident)
         self.pooled.add(frame)
         self.write_pivots(frame, step)
         if self.pooled.verdict is not None and self.pooled.verdict.verdict != getattr(self.verdict, "verdict", None):
