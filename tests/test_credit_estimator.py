@@ -98,6 +98,18 @@ def test_an_estimator_takes_the_rollouts_its_budget_fits_logs_its_estimate_and_w
         assert [numbers_out(s) for s in said].count(numbers_out(f"warning: {line}")) == 1, (line, said)
 
 
+def test_an_estimator_s_lines_name_its_keywords_not_the_command_s_flags(rows, tiny_model_dir, caplog):
+    """A trainer's logs say 'raise max_cont_tokens', not 'raise --max-cont-tokens': the Estimator takes keywords."""
+    with pytest.raises(BadInput, match="^Estimator: max_cont_tokens=0: must be at least 1$"):
+        Estimator(model=tiny_model_dir, grader=reward, **{**FAST, "max_cont_tokens": 0})
+    with Estimator(model=tiny_model_dir, grader=reward, **FAST) as estimator, \
+            caplog.at_level(logging.INFO, logger="replaylib"):
+        estimator(trl_batch(rows))
+    said = [r.getMessage() for r in caplog.records]
+    assert any("max_cont_tokens=6" in line for line in said), said  # continuations cut at 6 tokens
+    assert not [line for line in said if "--" in line], said
+
+
 def test_a_prudent_estimator_measures_one_rollout_until_a_measured_group_has_scaled_its_price(rows, tiny_model_dir):
     """Lease 20: priced by the calibration alone, 7 rollouts fitted a budget of 1.37 s and took 11.2 s. A prudent
     estimator (CreditCallback's) takes one rollout while no measured group has scaled the price (the fake

@@ -244,8 +244,10 @@ def test_bad_settings_are_refused_before_training_in_one_line():
         CreditCallback(kk=2)
     with pytest.raises(BadInput, match="budget_share 0: give a number above 0"):
         CreditCallback(budget_share=0)
-    with pytest.raises(BadInput, match="--k 0"):
-        CreditCallback(k=0)
+    with pytest.raises(BadInput, match="^CreditCallback: k=0: must be at least 1$"):
+        CreditCallback(k=0)  # as its caller names it, not as the command's flag (--k)
+    with pytest.raises(BadInput, match="^CreditCallback: margin=inf; give a finite number$"):
+        CreditCallback(margin=float("inf"))
 
 
 def pivot_frame(problems: range, refeed_flips: tuple = (1, 2), per_problem: int = 3) -> pd.DataFrame:

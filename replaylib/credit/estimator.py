@@ -30,6 +30,15 @@ CERTIFIED = ("bit-exact", "within arithmetic")
 log = logging.getLogger("replaylib")
 
 
+def as_keywords(line: str) -> str:
+    """A line naming the command's flags, as the keywords a caller in Python gives: '--k 0' reads 'k=0',
+    'raise --max-cont-tokens' 'raise max_cont_tokens'."""
+    def keyword(match) -> str:
+        name = match.group(1).replace("-", "_")
+        return f"{name}={match.group(2)}" if match.group(2) else name
+    return re.sub(r"--([a-z][a-z0-9-]*)(?: (-?\d[\w.+-]*|nan|-?inf|'[^']*'))?", keyword, line)
+
+
 class Once:
     """Says each line once: a line that differs from one said before only in its numbers is the same line (a
     warning repeated at every training step says nothing new)."""
@@ -81,7 +90,10 @@ class Estimator:
             settings.setdefault("dtype", shown.get("dtype", "bfloat16"))
         name = model if isinstance(model, str) else shown.get("model", "in memory")
         self.settings = Settings(model=name, grader=grader, **settings)
-        self.settings.check()
+        try:
+            self.settings.check()
+        except BadInput as e:
+            raise BadInput(f"Estimator: {as_keywords(str(e))}") from None
         if engine is not None:
             self.executor = GivenEngine(engine)
             self.vocab, self.context = vocab_of(engine), context_of(engine)
@@ -99,7 +111,7 @@ class Estimator:
         # while only the calibration prices a rollout, a call with a budget measures one: a price far off then
         # overruns the budget by one rollout at most (CreditCallback's)
         self.prudent = False
-        self.warn = Once(warn)
+        self.warn = Once(lambda line: warn(as_keywords(line)))
 
     @contextlib.contextmanager
     def _evaluating(self):
@@ -152,7 +164,8 @@ class Estimator:
                     chosen = chosen[:1]
                 inputs = {"groups": groups_of(chosen), "path": source}
             estimated = self.cost(inputs["groups"])
-            log.info(self.estimate_line(len(chosen), len(rollouts), inputs["groups"], estimated, budget_s))
+            log.info(as_keywords(self.estimate_line(len(chosen), len(rollouts), inputs["groups"], estimated,
+                                                    budget_s)))
             if chosen:
                 computing = time.perf_counter()
                 computed = compute_groups(self.settings, inputs, self.executor, show=self.progress)
@@ -161,6 +174,7 @@ class Estimator:
         if chosen:
             frame, _, self.summary = results(self.settings, inputs, computed, len(chosen), self.described,
                                              say=self.warn)
+            self.summary["warnings"] = [as_keywords(line) for line in self.summary["warnings"]]
         else:
             if rollouts and not self.waits:
                 self.warn(f"a budget of {budget_s:.2f} s fits no rollout of this batch (its first would take about "
