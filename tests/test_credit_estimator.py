@@ -108,6 +108,9 @@ def test_an_estimator_s_lines_name_its_keywords_not_the_command_s_flags(rows, ti
     said = [r.getMessage() for r in caplog.records]
     assert any("max_cont_tokens=6" in line for line in said), said  # continuations cut at 6 tokens
     assert not [line for line in said if "--" in line], said
+    from replaylib.credit.estimator import as_keywords  # a path's own dashes left as they are
+    assert as_keywords("/tmp/run--x/a.jsonl:1: lower --max-cont-tokens/--probe-tokens to at most 144") == \
+        "/tmp/run--x/a.jsonl:1: lower max_cont_tokens/probe_tokens to at most 144"
 
 
 def test_a_prudent_estimator_measures_one_rollout_until_a_measured_group_has_scaled_its_price(rows, tiny_model_dir):

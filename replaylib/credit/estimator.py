@@ -36,7 +36,7 @@ def as_keywords(line: str) -> str:
     def keyword(match) -> str:
         name = match.group(1).replace("-", "_")
         return f"{name}={match.group(2)}" if match.group(2) else name
-    return re.sub(r"--([a-z][a-z0-9-]*)(?: (-?\d[\w.+-]*|nan|-?inf|'[^']*'))?", keyword, line)
+    return re.sub(r"(?<![\w.-])--([a-z][a-z0-9-]*)(?: (-?\d[\w.+-]*|nan|-?inf|'[^']*'))?", keyword, line)
 
 
 class Once:
@@ -143,7 +143,10 @@ class Estimator:
             raise BadInput(f"Estimator: resident {resident!r}: give a function (None while the sampled blocks are "
                            f"cached), with forcing 'batch' on the vLLM engine that sampled the batch (llm= or "
                            f"engine=), or leave it out")
-        source, rollouts, inputs = read_checked(batch, self.settings, self.vocab, self.context)
+        try:
+            source, rollouts, inputs = read_checked(batch, self.settings, self.vocab, self.context)
+        except BadInput as e:
+            raise BadInput(as_keywords(str(e))) from None
         if resident is not None and rollouts:
             rollouts[0].batch.resident = resident
         if first is not None and first < len(rollouts):
