@@ -1,5 +1,5 @@
 #!/bin/bash
-# Lease 20 (as run, 2026-12-07, an H100, in the 413 s lease 19's session had left; docs/gpu-h200.md): the GRPO
+# Lease 20 (as run, 2026-12-07, an H100, in the 496 s lease 19's session had left; docs/gpu-h200.md): the GRPO
 # example as it then shipped, in the default budget: continuations as long as the trainer's completions (lease 19's
 # were cut at 128 tokens) and an account that reads a batch only once it can pay for a rollout and the reading
 # (lease 19: 14 of 42 reads measured nothing). The device time ran out at step 68 of 100.
