@@ -243,14 +243,13 @@ class TrlLLM:
         return getattr(self.llm, name)
 
     def generate(self, prompts, sampling_params, use_tqdm=True):
-        from vllm_standin import VOCAB
+        from vllm_standin import VOCAB, decoded_rows
         for sp in sampling_params:  # the stand-in's whole top (6 entries): the logits the sampler is given
             sp.logprobs = 6
         outs = self.llm.generate(prompts, sampling_params, use_tqdm)
         ids = [f"{self.counter + i}-ab12cd34" for i in range(len(outs))]
         self.counter += len(outs)
-        # as vLLM's async scheduler: a request that stopped at a token is decoded one step more, its row discarded
-        rows = [len(o.outputs[0].token_ids) + (o.outputs[0].finish_reason == "stop") for o in outs]
+        rows = decoded_rows(outs)  # a request that stopped at a token is decoded a step more, its row discarded
         for step in range(max(rows)):  # the sampler, once a step, over the requests still decoding
             live = [i for i, n in enumerate(rows) if step < n]
             at = [min(step, len(outs[i].outputs[0].token_ids) - 1) for i in live]

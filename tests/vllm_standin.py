@@ -77,11 +77,16 @@ def complete(ids, sp, forced=None, noise=0, exact=None):
     return tokens, (logprobs if sp.logprobs else None), finish
 
 
+def decoded_rows(outs) -> list[int]:
+    """The steps each request is decoded at, as vLLM's async scheduler batches them: a request that stopped at a
+    token is decoded one step more (the scheduler learns of the stop a step late), one that reached its max_tokens
+    is not."""
+    return [len(o.outputs[0].token_ids) + (o.outputs[0].finish_reason == "stop") for o in outs]
+
+
 def decode_steps(outs) -> None:
-    """Each step's numbers perturbed by the rows decoding at that step, as vLLM's async scheduler batches them: a
-    request that stopped at a token is decoded one step more (the scheduler learns of the stop a step late), one
-    that reached its max_tokens is not."""
-    rows = [len(o.outputs[0].token_ids) + (o.outputs[0].finish_reason == "stop") for o in outs]
+    """Each step's numbers perturbed by the rows decoding at that step (decoded_rows)."""
+    rows = decoded_rows(outs)
     for o in outs:
         for step, entries in enumerate(o.outputs[0].logprobs or []):
             live = sum(n > step for n in rows)

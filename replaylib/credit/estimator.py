@@ -39,6 +39,15 @@ def as_keywords(line: str) -> str:
     return re.sub(r"(?<![\w.-])--([a-z][a-z0-9-]*)(?: (-?\d[\w.+-]*|nan|-?inf|'[^']*'))?", keyword, line)
 
 
+def checked(settings: Settings, who: str) -> Settings:
+    """settings.check(), its refusal naming the keywords a caller in Python gives (who: the caller's name)."""
+    try:
+        settings.check()
+    except BadInput as e:
+        raise BadInput(f"{who}: {as_keywords(str(e))}") from None
+    return settings
+
+
 class Once:
     """Says each line once: a line that differs from one said before only in its numbers is the same line (a
     warning repeated at every training step says nothing new)."""
@@ -89,11 +98,7 @@ class Estimator:
             settings.setdefault("device", "cuda" if "cuda" in str(shown.get("device", "")) else "cpu")
             settings.setdefault("dtype", shown.get("dtype", "bfloat16"))
         name = model if isinstance(model, str) else shown.get("model", "in memory")
-        self.settings = Settings(model=name, grader=grader, **settings)
-        try:
-            self.settings.check()
-        except BadInput as e:
-            raise BadInput(f"Estimator: {as_keywords(str(e))}") from None
+        self.settings = checked(Settings(model=name, grader=grader, **settings), "Estimator")
         if engine is not None:
             self.executor = GivenEngine(engine)
             self.vocab, self.context = vocab_of(engine), context_of(engine)

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 from transformers import LogitsProcessor, StoppingCriteria, TrainerCallback
 
-from .estimator import Once, as_keywords
+from .estimator import Once, checked
 from .inputs import ALIASES, BadInput
 from .running import Pooled
 from .tool import Settings
@@ -458,7 +458,5 @@ def check_settings(settings: dict) -> None:
     if unknown:
         raise BadInput(f"CreditCallback: unknown setting {unknown[0]!r}; give those of replaylib.credit.tool.Settings "
                        f"(k, margin, max_pivots_per_rollout, max_cont_tokens, temperature, ...)")
-    try:
-        Settings(model="-", grader="gsm8k", **{k: v for k, v in settings.items() if k != "max_batch_rows"}).check()
-    except BadInput as e:
-        raise BadInput(f"CreditCallback: {as_keywords(str(e))}") from None
+    checked(Settings(model="-", grader="gsm8k", **{k: v for k, v in settings.items() if k != "max_batch_rows"}),
+            "CreditCallback")
