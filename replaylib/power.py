@@ -36,7 +36,9 @@ def main(argv=None) -> int:
     ap.add_argument("--problems", type=_bounded(int, 2), nargs="+", default=[10, 20, 40])
     ap.add_argument("--pivots", type=_bounded(int, 1), nargs="+", default=[10, 20, 40],
                     help="common pivots per problem")
-    ap.add_argument("--threshold", type=_bounded(float, 0, lo_open=True), default=2.0, help="clustered t to clear")
+    ap.add_argument("--threshold", type=_bounded(float, 0, lo_open=True), default=None,
+                    help="clustered t to clear (default: the one a verdict needs at that many problems, Student's "
+                         "97.5%% point and at least 2)")
     ap.add_argument("--draws", type=_bounded(int, 1), default=2000)
     ap.add_argument("--seed", type=_bounded(int, 0), default=0)
     args = ap.parse_args(argv)

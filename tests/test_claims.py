@@ -54,6 +54,19 @@ def test_the_excess_is_underpowered_over_few_problems_and_refuted_over_many():
     assert claims.excess_above_floor(strong).verdict == "holds"
 
 
+def test_a_t_over_two_or_three_problems_needs_students_point_not_2():
+    # a GRPO run's pooled pivots: re-feed flipped 1 of 1 pivots on one prompt and 1 of 2 on another, the replica none
+    two = records([0.5, 0.5, 0.25], [0.5, 0.5, 0.25], [0.0, 0.5, 0.0], problems=["p1", "p1", "p2"])
+    v = claims.excess_above_floor(two)
+    assert "t 3.00 over 2 problems" in v.value and v.verdict == "underpowered" and "t > 12.71" in v.why
+    # at 3 problems the bar is 4.30: a t of 4 does not clear it, a t of 8 does
+    three = records([0.5] * 6, [0.5] * 6, [0.0, 0.5, 0.0, 0.0, 0.0, 0.5], problems=[0, 0, 1, 1, 2, 2])
+    assert "t 4.00" in claims.excess_above_floor(three).value
+    assert claims.excess_above_floor(three).verdict == "underpowered"
+    sure = records([0.5] * 9, [0.5] * 9, [0.0, 0.0, 0.0, 0.0, 0.0, 0.5, 0.0, 0.0, 0.0], problems=[0, 0, 0, 1, 1, 1, 2, 2, 2])
+    assert claims.excess_above_floor(sure).verdict == "holds"
+
+
 def with_probes(df, refeed_delta=0.0):
     for p, d in (("exact2", 0.0), ("refeed", refeed_delta)):
         df[f"greedy_divergence_{p}"] = False

@@ -26,6 +26,19 @@ def test_power_grows_with_problems_and_with_the_effect():
     assert abs(shifted["floor_pct"] - 20.0) < 1e-6 and abs(shifted["excess_pp"] - 5.0) < 1e-6
 
 
+def test_the_t_a_verdict_needs_keeps_its_error_rate_at_few_problems():
+    assert power.t_needed(40) == pytest.approx(2.0227, abs=1e-4) and power.t_needed(200) == 2.0  # the paper's 2
+    assert power.t_needed(2) == pytest.approx(12.706, abs=1e-3) and power.t_needed(3) == pytest.approx(4.303, abs=1e-3)
+    # no excess, normal per-problem differences: t > 2 would pass about 15% of 2-problem runs, t_needed about 2.5%
+    rng = np.random.default_rng(0)
+    d = rng.normal(size=(20000, 2))
+    t = d.mean(axis=1) / (d.std(axis=1, ddof=1) / np.sqrt(2))
+    assert 0.13 < (t > 2).mean() < 0.17 and 0.02 < (t > power.t_needed(2)).mean() < 0.03
+    rates = pd.DataFrame({"refeed": [0.4, 0.35, 0.5, 0.3], "floor": [0.2, 0.25, 0.3, 0.2]})
+    assert power.simulate(rates, 3, 10, draws=20)["threshold"] == power.t_needed(3)
+    assert power.simulate(rates, 3, 10, threshold=2.0, draws=20)["threshold"] == 2.0
+
+
 def test_plan_runs_on_the_published_records():
     table = power.plan(problems=[20], pivots=[16], draws=300)
     row = table.iloc[0]

@@ -9,9 +9,11 @@ n and the number behind it. The thresholds, and why:
   channel (continuation tokens included: the floor is then exactly zero), or when a floor as low
   as the paper's lowest (``PAPER_MIN_FLOOR``) would have shown a flip with probability at least
   1 - ``ALPHA``; otherwise it is underpowered.
-- re-feed disagrees above the floor (excess > 0, problem-clustered t > 2): where it fails, it does
-  not hold only if the paper's own effect (its main pooled records, ``power.simulate``) would clear
-  t > 2 at this size (problems, common pivots per problem) with probability ``POWER``.
+- re-feed disagrees above the floor (excess > 0, problem-clustered t above ``power.t_needed``: the
+  paper's t > 2, or Student's 97.5% point where fewer problems make that larger, 12.7 at 2 problems):
+  where it fails, it does not hold only if the paper's own effect (its main pooled records,
+  ``power.simulate``) would clear that t at this size (problems, common pivots per problem) with
+  probability ``POWER``.
 - batch-invariant identity: exact (one differing channel refutes it; nothing to power).
 - re-feed's greedy probe is bit-exact less often than the replica's: a one-sided exact McNemar test
   on the paired pivots at ``ALPHA``; it does not hold where re-feed is significantly the more exact,
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ..core.paths import PAPER_RECORDS
-from . import stats
+from . import power, stats
 
 PAPER_MIN_FLOOR = 0.091  # the lowest replica floor the paper published (its GRPO row)
 ALPHA = 0.05
@@ -82,19 +84,18 @@ def floor_above_zero(df: pd.DataFrame) -> Verdict:
 
 @functools.lru_cache(maxsize=1)
 def _paper_rates():
-    from . import power, records
+    from . import records
     return power.problem_rates(records.load_paper_row("main pooled", PAPER_RECORDS))
 
 
 def excess_power(n_problems: int, pivots_per_problem: int, draws: int = 400) -> float:
-    """Probability that the paper's main pooled effect clears clustered t > 2 at this size."""
-    from . import power
+    """Probability that the paper's main pooled effect clears the clustered t a verdict needs at this size."""
     return power.simulate(_paper_rates(), n_problems, max(1, pivots_per_problem), draws=draws)["power"]
 
 
 def sign_power(df: pd.DataFrame) -> dict:
     """Whether the sign statistics have power at this size: the probability that the paper's main
-    pooled effect clears clustered t > 2 with this run's problems and common pivots per problem, and
+    pooled effect clears the clustered t a verdict needs with this run's problems and common pivots per problem, and
     the size that would do (problems from ``PROBLEM_GRID`` at the same pivots per problem; None where
     none of them does)."""
     r, cl = stats.rates(df, "common"), stats.clustered(df)
@@ -117,7 +118,8 @@ def excess_above_floor(df: pd.DataFrame) -> Verdict:
     ex, t, problems = stats.excess_pp(r), cl["t"], cl["n_problems"]
     value = ("-" if ex is None else f"excess {ex:+.1f} pp") + ("" if t is None else f", t {t:.2f}") + \
         f" over {problems} problems (n {r['n']})"
-    if ex is not None and t is not None and ex > 0 and t > 2:
+    needed = power.t_needed(problems) if problems >= 2 else None
+    if ex is not None and t is not None and ex > 0 and t > needed:
         return Verdict("holds", r["n"], value)
     if r["n"] == 0 or problems < 2:
         return Verdict("underpowered" if r["n"] else "not measured", r["n"], value,
@@ -126,11 +128,11 @@ def excess_above_floor(df: pd.DataFrame) -> Verdict:
     if not sp["powered"]:
         need = sp["needed_problems"]
         return Verdict("underpowered", r["n"], value,
-                       f"the paper's effect would clear t > 2 with probability {sp['power']:.2f} at {problems} "
-                       f"problems of {sp['per_problem']} common pivots" +
+                       f"the paper's effect would clear t > {needed:.2f} with probability {sp['power']:.2f} at "
+                       f"{problems} problems of {sp['per_problem']} common pivots" +
                        (f"; about {need} problems would do" if need else ""))
-    return Verdict("does not hold", r["n"], value, f"the paper's effect would clear t > 2 with probability "
-                                                   f"{sp['power']:.2f} at this size")
+    return Verdict("does not hold", r["n"], value, f"the paper's effect would clear t > {needed:.2f} with "
+                                                   f"probability {sp['power']:.2f} at this size")
 
 
 def probes_differ(df: pd.DataFrame) -> Verdict:
@@ -206,7 +208,8 @@ def bias_mean_zero(df: pd.DataFrame) -> Verdict:
 
 # the claims, and the rows each is judged on: the stock engine's, or the batch-invariant one's
 CLAIMS = [
-    ("re-feed disagrees with exact1 above the replica floor (excess > 0, clustered t > 2)", excess_above_floor,
+    ("re-feed disagrees with exact1 above the replica floor (excess > 0, clustered t > 2 and Student's 97.5%)",
+     excess_above_floor,
      "stock"),
     ("the replica floor is above zero on the stock engine", floor_above_zero, "stock"),
     ("batch-invariant rows: all passes identical on every channel", batch_invariant_identity, "invariant"),

@@ -5,7 +5,8 @@ Each simulated campaign draws problems (with replacement) from the published mai
 row, keeps each problem's own rates (problems differ a lot), shifts them so that the mean
 floor and excess hit the targets, draws Bernoulli flips for `pivots` common pivots per
 problem, and computes the paper's clustered t (docs/protocol.md section 4). Power is the share
-of campaigns whose t exceeds the threshold.
+of campaigns whose t exceeds the threshold: by default the one a verdict needs at that many problems
+(``t_needed``).
 
     python -m replaylib.power --excess 10 --floor 15 --problems 10 20 40 --pivots 10 20 40
 """
@@ -13,9 +14,17 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from scipy import stats as scipy_stats
 
 from ..core.paths import PAPER_RECORDS
 from . import records, stats
+
+
+def t_needed(n_problems: int) -> float:
+    """The clustered t that shows the excess over n_problems (at least 2): Student's 97.5% point at n_problems - 1
+    degrees of freedom, never below the paper's 2. At 40 problems that is 2.02, the paper's rule; at 2 problems it is
+    12.7, since without any excess a t over two problems would clear 2 one time in seven (Student's t at 1 degree)."""
+    return max(2.0, float(scipy_stats.t.ppf(0.975, n_problems - 1)))
 
 
 def problem_rates(df: pd.DataFrame) -> pd.DataFrame:
@@ -39,8 +48,10 @@ def clustered_t(refeed_flips: np.ndarray, floor_flips: np.ndarray) -> np.ndarray
 
 
 def simulate(rates: pd.DataFrame, n_problems: int, pivots: int, excess_pp: float | None = None,
-             floor_pct: float | None = None, threshold: float = 2.0, draws: int = 2000, seed: int = 0) -> dict:
-    """Power of the clustered t for one design; targets in percentage points (None: as published)."""
+             floor_pct: float | None = None, threshold: float | None = None, draws: int = 2000, seed: int = 0) -> dict:
+    """Power of the clustered t for one design; targets in percentage points (None: as published); the threshold
+    None: ``t_needed(n_problems)``."""
+    threshold = t_needed(n_problems) if threshold is None else threshold
     rng = np.random.default_rng(seed)
     floor = rates["floor"].to_numpy()
     excess = rates["refeed"].to_numpy() - floor  # per problem; refeed moves with the floor
@@ -59,7 +70,7 @@ def simulate(rates: pd.DataFrame, n_problems: int, pivots: int, excess_pp: float
             "threshold": threshold, "power": float((t > threshold).mean()), "median_t": float(np.median(t))}
 
 
-def plan(excess_pp=None, floor_pct=None, problems=(10, 20, 40), pivots=(10, 20, 40), threshold=2.0,
+def plan(excess_pp=None, floor_pct=None, problems=(10, 20, 40), pivots=(10, 20, 40), threshold=None,
          draws=2000, seed=0, records_df: pd.DataFrame | None = None) -> pd.DataFrame:
     """A table of power over a grid of problems x pivots per problem."""
     df = records_df if records_df is not None else records.load_paper_row("main pooled", PAPER_RECORDS)
