@@ -2,6 +2,7 @@
 a trainer's model in memory), writing nothing, within a time budget when given one, each warning said once; the
 one-shot estimate(); a caller's vLLM engine refused in one line when it cannot force. TRL's GRPOTrainer with the
 credit callback: tests/test_credit_trl.py."""
+import json
 import logging
 import re
 import tempfile
@@ -67,6 +68,9 @@ def test_an_estimator_loads_once_and_estimates_batch_after_batch_writing_nothing
     pd.testing.assert_frame_equal(first, again)
     assert set(first["id"]) <= {"0", "1", "2", "3"} and set(first["certificate"]) == {"not recorded"}
     assert metrics["credit/pivots"] == len(first) and all(isinstance(v, float) for v in metrics.values())
+    lengths = [len(c) for name in ("resume", "replica", "refeed") for text in first[f"continuations_{name}"]
+               for arm in json.loads(text).values() for c in arm]
+    assert metrics["credit/continuations_cut"] == sum(n >= FAST["max_cont_tokens"] for n in lengths) / len(lengths)
     assert list(scratch.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["tmp"]  # no file
 
 
@@ -105,7 +109,11 @@ def test_an_estimator_s_lines_name_its_keywords_not_the_command_s_flags(rows, ti
     with Estimator(model=tiny_model_dir, grader=reward, **FAST) as estimator, \
             caplog.at_level(logging.INFO, logger="replaylib"):
         estimator(trl_batch(rows))
+        estimator(trl_batch(rows))
     said = [r.getMessage() for r in caplog.records]
+    estimates = [line for line in said if line.startswith("credit: 4 rollouts")]
+    assert len(estimates) == 2 and re.search(r"; the calibration took \d+\.\d\d s\)$", estimates[0]), estimates
+    assert "calibration took" not in estimates[1]  # only the call that calibrated says so
     assert any("max_cont_tokens=6" in line for line in said), said  # continuations cut at 6 tokens
     assert not [line for line in said if "--" in line], said
     from replaylib.credit.estimator import as_keywords  # a path's own dashes left as they are

@@ -36,16 +36,22 @@ def _lengths(frame: pd.DataFrame, passes: list[str]) -> list[int]:
             for text in frame[f"continuations_{name}"] for arm in ARMS for c in json.loads(text)[arm]]
 
 
+def unfinished(frame: pd.DataFrame, settings) -> tuple[int, int]:
+    """(continuations that reached --max-cont-tokens before they ended, continuations): a cut one is graded
+    unfinished, so where most are cut, most A are 0 whatever the prefix state."""
+    lengths = _lengths(frame, settings.passes) if len(frame) else []
+    return sum(n >= settings.max_cont_tokens for n in lengths), len(lengths)
+
+
 def warnings(frame: pd.DataFrame, settings) -> list[str]:
     """Lines saying where the results are empty or uninformative and what to change."""
     if not len(frame):
         return [f"no pivot: no response position had a margin below --margin {settings.margin:g}; raise --margin "
                 f"or give the positions as 'positions'"]
     found = []
-    lengths = _lengths(frame, settings.passes)
-    capped = sum(n >= settings.max_cont_tokens for n in lengths)
-    if lengths and capped > len(lengths) / 2:
-        found.append(f"{capped} of {len(lengths)} continuations ({100 * capped / len(lengths):.0f}%) reached "
+    capped, total = unfinished(frame, settings)
+    if total and capped > total / 2:
+        found.append(f"{capped} of {total} continuations ({100 * capped / total:.0f}%) reached "
                      f"--max-cont-tokens {settings.max_cont_tokens} before they ended, and were graded unfinished; "
                      f"raise --max-cont-tokens")
     if all((frame[f"A_{p}"] == 0).all() for p in settings.passes):

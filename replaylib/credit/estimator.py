@@ -197,8 +197,9 @@ class Estimator:
     def estimate_line(self, chosen: int, given: int, groups: list, estimated: float, budget_s) -> str:
         taken = f"{chosen} of {given} rollouts" if chosen < given else f"{given} rollouts"
         budget = "" if budget_s is None else f" in a budget of {budget_s:.2f} s"
+        calibrated = f"; the calibration took {self.calibrating_s:.2f} s" if self.calibrating_s else ""
         return (f"credit: {taken} ({len(groups)} prompt groups){budget}: about {estimated:.2f} s "
-                f"({self.cost.basis()})")
+                f"({self.cost.basis()}{calibrated})")
 
     estimate = __call__
 
@@ -207,7 +208,8 @@ class Estimator:
         the replica floor and re-feed's share of sign changes (left out where no common pivot: a logger takes no
         None or NaN), certificates passed, failed and not recorded (rollouts without logprobs), pivots whose
         passes resumed the sampler's own blocks unforced (on_sampler_blocks), pivots whose
-        resume was not verified, passes agreeing, the seconds estimated and taken, and the budget if one was
+        resume was not verified, passes agreeing, the share of continuations cut at max_cont_tokens (graded
+        unfinished; where most are, most A are 0), the seconds estimated and taken, and the budget if one was
         given."""
         s = self.summary
         certs = s.get("certificates", {})
@@ -216,7 +218,9 @@ class Estimator:
                  "certified": sum(certs.get(c, 0) for c in CERTIFIED), "certificates_differ": certs.get("differs", 0),
                  "certificates_not_recorded": certs.get("not recorded", 0),
                  "on_sampler_blocks": certs.get(SAMPLER_BLOCKS, 0), "not_verified": s.get("not_verified", 0),
-                 "passes_agree": s.get("passes_agree", 0), "estimated_s": s.get("estimated_s"),
+                 "passes_agree": s.get("passes_agree", 0),
+                 "continuations_cut": s["continuations_cut"] / s["continuations"] if s.get("continuations") else None,
+                 "estimated_s": s.get("estimated_s"),
                  "seconds": s.get("seconds", 0.0), "budget_s": s.get("budget_s")}
         if not set(TOOL_PASSES) <= set(self.settings.passes):
             found.pop("floor"), found.pop("refeed")

@@ -22,7 +22,7 @@ from . import graders, timings
 from .batches import read_input
 from .calibration import calibrate, estimate_line
 from .checks import check_bounds, check_lengths, model_context
-from .diagnostics import plan_line, warnings
+from .diagnostics import plan_line, unfinished, warnings
 from .inputs import BadInput
 from .kernel import KERNEL, ROOTS, groups_of
 from .outdir import check_out, holding
@@ -231,12 +231,14 @@ def shown_settings(settings: Settings) -> dict:
 def summarize(frame: pd.DataFrame, settings: Settings, n_rollouts: int, described: dict) -> dict:
     rows = frame.to_dict("records")
     certs = frame["certificate"].value_counts().to_dict() if len(frame) else {}
+    cut, continuations = unfinished(frame, settings)
     summary = {"rollouts": n_rollouts, "pivots": len(rows),
                "floor": kernel.share_differing(rows, "replica"), "refeed": kernel.share_differing(rows, "refeed"),
                "common_pivots": len(kernel.common(rows)),
                "not_verified": int(sum(not kernel.verified(r) for r in rows)),
                "certificates": {str(k): int(v) for k, v in certs.items()},
                "passes_agree": int(frame["passes_agree"].sum()) if len(frame) else 0,
+               "continuations": continuations, "continuations_cut": cut,
                "pass_map": {p: kernel.PASS_OF[p] for p in settings.passes},
                "settings": shown_settings(settings),
                "engine": described, "versions": versions(settings.grader)}
