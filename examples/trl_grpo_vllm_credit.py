@@ -9,10 +9,11 @@ tenth of the training's time.
 
 It writes <out>/metrics.jsonl (every step's logs, the credit metrics among them), <out>/credit/pivots.jsonl (every
 pivot measured) and prints each step's credit line and, last, the pooled verdict. On an H100 a step takes about
-1.5 s (docs/gpu-h200.md, leases 17 to 20), so in the default budget credit's account earns about 0.15 s a step:
-its calibration (5-10 s) is paid back in 35-65 steps, then it measures a rollout whenever the account holds what
-a step measuring one costs (lease 19: 29 rollouts in 300 steps, every certificate bit-exact, 0.100 of the
-training's time); --budget-share 1.0 measures several every step, and a large share (1000) every rollout.
+1.5 s (docs/gpu-h200.md, leases 17 to 21), so in the default budget credit's account earns about 0.15 s a step:
+its calibration (3-15 s) is paid back in 20-130 steps, then it measures a rollout whenever the account holds what
+a step measuring one costs, about 2 s (lease 21: 8 rollouts in 200 steps and 7 in 150, every resume verified, 0.095
+and 0.090 of the training's time); --budget-share 1.0 measures several every step, and a large share (1000) every
+rollout.
 """
 from __future__ import annotations
 
