@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ..core.paths import PAPER_RECORDS
-from . import power, stats
+from . import power, records, stats
 
 PAPER_MIN_FLOOR = 0.091  # the lowest replica floor the paper published (its GRPO row)
 ALPHA = 0.05
@@ -84,7 +84,6 @@ def floor_above_zero(df: pd.DataFrame) -> Verdict:
 
 @functools.lru_cache(maxsize=1)
 def _paper_rates():
-    from . import records
     return power.problem_rates(records.load_paper_row("main pooled", PAPER_RECORDS))
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy import stats as scipy_stats
 
 from ..core.paths import PAPER_RECORDS
 from . import records, stats
@@ -24,6 +23,7 @@ def t_needed(n_problems: int) -> float:
     """The clustered t that shows the excess over n_problems (at least 2): Student's 97.5% point at n_problems - 1
     degrees of freedom, never below the paper's 2. At 40 problems that is 2.02, the paper's rule; at 2 problems it is
     12.7, since without any excess a t over two problems would clear 2 one time in seven (Student's t at 1 degree)."""
+    from scipy import stats as scipy_stats  # here, not at import: it takes longer to import than all else here
     return max(2.0, float(scipy_stats.t.ppf(0.975, n_problems - 1)))
 
 

@@ -39,7 +39,7 @@ def _lengths(frame: pd.DataFrame, passes: list[str]) -> list[int]:
 def unfinished(frame: pd.DataFrame, settings) -> tuple[int, int]:
     """(continuations that reached --max-cont-tokens before they ended, continuations): a cut one is graded
     unfinished, so where most are cut, most A are 0 whatever the prefix state."""
-    lengths = _lengths(frame, settings.passes) if len(frame) else []
+    lengths = _lengths(frame, settings.passes)
     return sum(n >= settings.max_cont_tokens for n in lengths), len(lengths)
 
 
